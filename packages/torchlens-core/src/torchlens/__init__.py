@@ -1,0 +1,19 @@
+"""TorchLens: see inside a PyTorch model in one line.
+
+``tl.trace(model, x)`` records every op of the forward pass; ``tl.load`` reads a saved trace.
+Importing torchlens changes nothing in torch.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .errors import TorchLensError, TorchLensWarning  # noqa: E402
+from .hookspecs import hookimpl  # noqa: E402
+from .trace import Module, ModuleCall, Op, Trace  # noqa: E402
+from .verbs import load, trace  # noqa: E402
+
+__all__ = [
+    "Module", "ModuleCall", "Op", "Trace", "TorchLensError", "TorchLensWarning", "hookimpl",
+    "load", "trace",
+]

@@ -1,0 +1,319 @@
+"""Run one captured forward: module hooks plus the recorder, then build the Trace.
+
+Hooks live on the model's own submodules only for the capture and are removed in ``finally``;
+whatever the forward raises, the error carries the op where it happened and the partial trace.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import __version__ as _tl_version
+from ..errors import CaptureError, InputError, InputTypeError
+from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace, tensor_facts
+from .recorder import CaptureState, Recorder, snapshot
+
+_active = threading.local()
+
+
+def capturing() -> bool:
+    """True while this thread is inside a captured forward."""
+    return getattr(_active, "depth", 0) > 0
+
+
+def parse_save(save: Any, model: nn.Module) -> tuple[bool, set[str], set[str]]:
+    """Split ``save=`` into (all, labels, module addresses); module addresses are checked now."""
+    if save == "all":
+        return True, set(), set()
+    if save is None or save is False:
+        return False, set(), set()
+    if isinstance(save, str):
+        save = [save]
+    if not isinstance(save, (list, tuple, set, frozenset)) or not all(
+        isinstance(s, str) for s in save
+    ):
+        raise InputTypeError(
+            f"save= takes 'all', None, or a list of op labels / module addresses, not {save!r}",
+            code="save_selection_invalid",
+            teach=["tl.trace(model, x, save='all')", "tl.trace(model, x, save=['conv2d_1', 'fc'])"],
+        )
+    modules = {name for name, _ in model.named_modules() if name}
+    return False, {s for s in save if s not in modules}, {s for s in save if s in modules}
+
+
+def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
+            provenance: dict | None = None) -> Trace:
+    """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace."""
+    if not isinstance(model, nn.Module):
+        raise InputTypeError(
+            f"tl.trace takes a torch.nn.Module, got {type(model).__name__}",
+            code="model_invalid", teach=["tl.trace(model, x)  # model: an nn.Module instance"],
+        )
+    if capturing():
+        raise CaptureError(
+            "tl.trace was called from inside a forward that TorchLens is already capturing",
+            code="nested_trace",
+            teach=["call tl.trace(model, x) outside the model's forward",
+                   "trace the outer model once and look up the inner module: trace['sub.module']"],
+        )
+    save_all, save_labels, save_modules = parse_save(save, model)
+    param_ids: dict[int, str] = {}
+    aliases: dict[str, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        first = param_ids.setdefault(id(p), name)
+        if first != name:
+            aliases.setdefault(first, []).append(name)
+    buffer_ids = {id(b): name for name, b in model.named_buffers()}
+    state = CaptureState(param_ids, buffer_ids, save_all, save_labels)
+    state.keep_outputs = save is not None and save is not False
+    calls: list[dict] = []
+    handles = _install_module_hooks(model, state, calls, save_modules)
+    _add_inputs(state, args, kwargs)
+    structure = None
+    _active.depth = getattr(_active, "depth", 0) + 1
+    t0 = time.perf_counter_ns()
+    try:
+        with Recorder(state):
+            out = model(*args, **kwargs)
+        structure = _add_outputs(state, out)
+    except BaseException as exc:
+        _active.depth -= 1
+        for h in handles:
+            h.remove()
+        partial = _build(model, state, calls, None, aliases, time.perf_counter_ns() - t0,
+                         save, provenance, partial=True)
+        _attach_failure(exc, state, partial)
+        raise
+    _active.depth -= 1
+    for h in handles:
+        h.remove()
+    return _build(model, state, calls, structure, aliases, time.perf_counter_ns() - t0, save,
+                  provenance)
+
+
+def _install_module_hooks(model, state, calls, save_modules):
+    handles = []
+    counts: dict[str, int] = {}
+    frames = state.frames
+
+    for address, module in model.named_modules():
+        if not address:
+            continue
+
+        def pre(mod, args, address=address):
+            n = counts.get(address, 0) + 1
+            counts[address] = n
+            frames.append([address, n, {}, len(state.records), time.perf_counter_ns(), mod])
+
+        def post(mod, args, output, address=address):
+            for i in range(len(frames) - 1, 0, -1):
+                if frames[i][0] == address:
+                    frame = frames.pop(i)
+                    break
+            else:
+                return
+            found: list = []
+            _leaves(output, found)
+            outs = []
+            for t in found:
+                index = state.producer(t)
+                if index is None:
+                    continue
+                outs.append(index)
+                if address in save_modules and index not in state.values:
+                    state.values[index] = snapshot(t)
+            calls.append({
+                "address": address, "pass_num": frame[1], "type": type(mod).__name__,
+                "start": frame[3], "end": len(state.records), "outputs": outs,
+                "time_ns": time.perf_counter_ns() - frame[4],
+            })
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post))
+    return handles
+
+
+def _leaves(value: Any, found: list, depth: int = 0) -> None:
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif depth > 6:
+        return
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _leaves(item, found, depth + 1)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _leaves(item, found, depth + 1)
+
+
+def _leaf_record(state, kind, label, func, t, parents, slot) -> dict:
+    return {
+        "label": label, "base_label": label, "pass_num": 1, "func": func, "parents": parents,
+        "shape": tuple(t.shape), "dtype": t.dtype, "device": t.device,
+        "out_shapes": [tuple(t.shape)], "nbytes": t.element_size() * t.numel(), "module": "",
+        "module_pass": 1, "module_stack": (), "params": [], "buffers": [], "time_ns": 0,
+        "inplace": False, "is_view": False, "flops": None, "kind": kind, "slot": slot,
+    }
+
+
+def _add_inputs(state: CaptureState, args: tuple, kwargs: dict) -> None:
+    slots = [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
+    n = 0
+    for slot, value in slots:
+        found: list = []
+        _leaves(value, found)
+        for j, t in enumerate(found):
+            n += 1
+            index = len(state.records)
+            name = slot if len(found) == 1 else f"{slot}[{j}]"
+            state.records.append(_leaf_record(state, "input", f"input_{n}", "input", t, [], name))
+            if state.save_all or f"input_{n}" in state.save_labels:
+                state.values[index] = snapshot(t)
+            state.register(t, index)
+
+
+def _add_outputs(state: CaptureState, out: Any) -> dict:
+    counter = [0]
+
+    def walk(value, path, depth):
+        if isinstance(value, torch.Tensor):
+            counter[0] += 1
+            label = f"output_{counter[0]}"
+            producer = state.producer(value)
+            index = len(state.records)
+            state.records.append(_leaf_record(
+                state, "output", label, "output", value,
+                [producer] if producer is not None else [], path or "output"))
+            if state.keep_outputs:
+                state.values[index] = value.detach()
+            return {"type": "tensor", "label": label}
+        if depth < 8 and isinstance(value, Mapping):
+            keys = [str(k) for k in value]
+            return {"type": "dict", "cls": type(value).__name__, "keys": keys,
+                    "items": [walk(value[k], f"{path}[{k!r}]", depth + 1) for k in value]}
+        if depth < 8 and isinstance(value, (tuple, list)):
+            return {"type": "list" if isinstance(value, list) else "tuple",
+                    "cls": type(value).__name__,
+                    "items": [walk(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]}
+        return {"type": "value", "cls": type(value).__name__, "repr": repr(value)[:200]}
+
+    return walk(out, "", 0)
+
+
+def _build(model, state, calls, structure, aliases, elapsed_ns, save, provenance,
+           partial=False) -> Trace:
+    records = state.records
+    ops: list[Op] = []
+    children: list[list[int]] = [[] for _ in records]
+    for i, rec in enumerate(records):
+        for p in rec["parents"]:
+            children[p].append(i)
+    module_outputs: dict[int, list[str]] = {}
+    for call in calls:
+        for index in call["outputs"]:
+            module_outputs.setdefault(index, []).append(f"{call['address']}:{call['pass_num']}")
+    labels = [rec["label"] for rec in records]
+    for i, rec in enumerate(records):
+        shape, dtype, device = rec["shape"], str(rec["dtype"]).removeprefix("torch."), str(
+            rec["device"])
+        ops.append(Op(
+            index=i, label=rec["label"], base_label=rec["base_label"], pass_num=rec["pass_num"],
+            kind=rec.get("kind", "op"), func=rec["func"],
+            parents=[labels[p] for p in rec["parents"]], children=[labels[c] for c in children[i]],
+            shape=list(shape), dtype=dtype, device=device,
+            out_shapes=[list(s) for s in rec["out_shapes"]], nbytes=rec["nbytes"],
+            module=rec["module"], module_pass=rec["module_pass"],
+            module_stack=list(rec["module_stack"]), module_outputs=module_outputs.get(i, []),
+            params=rec["params"], buffers=rec["buffers"], time_ns=rec["time_ns"],
+            flops=rec["flops"], inplace=rec["inplace"], is_view=rec["is_view"],
+            slot=rec.get("slot"), saved=i in state.values, meta={},
+            _value=state.values.get(i),
+        ))
+    used_by: dict[str, list[str]] = {}
+    for op in ops:
+        for name in op.params + op.buffers:
+            used_by.setdefault(name, []).append(op.label)
+    params, seen = {}, set()
+    for name, p in model.named_parameters():
+        seen.add(id(p))
+        shape, dtype, device = tensor_facts(p)
+        params[name] = {
+            "shape": list(shape), "dtype": dtype, "device": device, "numel": p.numel(),
+            "nbytes": p.numel() * p.element_size(), "trainable": bool(p.requires_grad),
+            "module": name.rpartition(".")[0], "aliases": aliases.get(name, []),
+            "used_by": used_by.get(name, []),
+        }
+    buffers = {}
+    for name, b in model.named_buffers():
+        shape, dtype, device = tensor_facts(b)
+        buffers[name] = {
+            "shape": list(shape), "dtype": dtype, "device": device, "numel": b.numel(),
+            "nbytes": b.numel() * b.element_size(), "module": name.rpartition(".")[0],
+            "used_by": used_by.get(name, []),
+        }
+    recursive = {}
+    for name, info in params.items():
+        parts = name.split(".")[:-1]
+        for k in range(len(parts) + 1):
+            prefix = ".".join(parts[:k])
+            recursive[prefix] = recursive.get(prefix, 0) + info["numel"]
+    by_address: dict[str, list[ModuleCall]] = {}
+    for call in sorted(calls, key=lambda c: (c["address"], c["pass_num"])):
+        by_address.setdefault(call["address"], []).append(ModuleCall(
+            call["address"], call["pass_num"], call["type"],
+            labels[call["start"]:call["end"]], [labels[i] for i in call["outputs"]],
+            call["time_ns"]))
+    modules = {}
+    for address, module in model.named_modules():
+        if address:
+            modules[address] = Module(address, type(module).__name__, address.count(".") + 1,
+                                      recursive.get(address, 0), by_address.get(address, []))
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "torchlens_version": _tl_version,
+        "torch_version": torch.__version__,
+        "model_class": type(model).__name__,
+        "training": bool(model.training),
+        "grad_enabled": torch.is_grad_enabled(),
+        "save": save if isinstance(save, (str, type(None))) else sorted(save),
+        "capture_ns": elapsed_ns,
+        "partial": partial,
+        "root_params": recursive.get("", 0),
+    }
+    return Trace(ops, modules, params, buffers, structure or {"type": "value", "repr": None},
+                 meta, provenance=provenance)
+
+
+def _attach_failure(exc: BaseException, state: CaptureState, partial: Trace) -> None:
+    failure = state.failure
+    if failure is not None:
+        where = (
+            f"torchlens: the forward raised in op #{failure['after_op'] + 1} "
+            f"'{failure['func']}' (inputs {failure['input_shapes']}) in module "
+            f"'{failure['module'] or '<model>'}' (pass {failure['module_pass']}); "
+        )
+    else:
+        last = partial.ops[-1].label if partial.ops else "none"
+        where = f"torchlens: the forward raised outside a torch call, after op '{last}'; "
+    note = where + f"the partial trace ({len(partial)} ops) is on err.partial_trace"
+    try:
+        exc.partial_trace = partial  # type: ignore[attr-defined]
+        exc.torchlens_failure = failure  # type: ignore[attr-defined]
+        exc.add_note(note)
+    except (AttributeError, TypeError):
+        pass
+
+
+def check_real_call(args: Any, kwargs: Any) -> None:
+    """Refuse a kwargs value that is not a mapping with string keys."""
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise InputError(
+            f"input_kwargs= must map forward keyword names to values, got {kwargs!r}",
+            code="input_shape_invalid", teach=["tl.trace(model, x, input_kwargs={'mask': m})"],
+        )

@@ -1,0 +1,90 @@
+"""FLOPs of the few torch-level calls with a known formula, reusing torch.utils.flop_counter.
+
+The formulas are torch's own (per aten op); this module only maps a torch-level call's shapes onto
+them. Anything else is ``None``: unknown, never invented.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from math import prod
+from typing import Any
+
+import torch
+from torch.utils import flop_counter as fc
+
+
+def _shape(t: Any) -> list[int] | None:
+    return list(t.shape) if isinstance(t, torch.Tensor) else None
+
+
+def _arg(args, kwargs, i, name):
+    return args[i] if len(args) > i else kwargs.get(name)
+
+
+def _linear(args, kwargs, out):
+    x, w = _shape(_arg(args, kwargs, 0, "input")), _shape(_arg(args, kwargs, 1, "weight"))
+    if x is None or w is None or len(w) != 2:
+        return None
+    return fc.mm_flop([prod(x[:-1]), x[-1]], [w[1], w[0]])
+
+
+def _conv(transposed: bool):
+    def formula(args, kwargs, out):
+        x, w = _shape(_arg(args, kwargs, 0, "input")), _shape(_arg(args, kwargs, 1, "weight"))
+        if x is None or w is None or not isinstance(out, torch.Tensor):
+            return None
+        return fc.conv_flop_count(x, w, list(out.shape), transposed=transposed)
+
+    return formula
+
+
+def _matmul(args, kwargs, out):
+    a, b = _shape(_arg(args, kwargs, 0, "input")), _shape(_arg(args, kwargs, 1, "other"))
+    if a is None or b is None or not isinstance(out, torch.Tensor):
+        return None
+    a = a if len(a) > 1 else [1] + a
+    b = b if len(b) > 1 else b + [1]
+    batch = prod(out.shape[:-2]) if out.dim() > 2 else 1
+    return fc.bmm_flop([batch, a[-2], a[-1]], [batch, b[-2], b[-1]])
+
+
+def _addmm(args, kwargs, out):
+    a, b = _shape(_arg(args, kwargs, 1, "mat1")), _shape(_arg(args, kwargs, 2, "mat2"))
+    return fc.addmm_flop(None, a, b) if a and b else None
+
+
+def _baddbmm(args, kwargs, out):
+    a, b = _shape(_arg(args, kwargs, 1, "batch1")), _shape(_arg(args, kwargs, 2, "batch2"))
+    return fc.baddbmm_flop(None, a, b) if a and b else None
+
+
+def _sdpa(args, kwargs, out):
+    q, k, v = (_shape(_arg(args, kwargs, i, n)) for i, n in enumerate(("query", "key", "value")))
+    if q is None or k is None or v is None:
+        return None
+    q, k, v = ([prod(s[:-2]) if len(s) > 2 else 1, 1, *s[-2:]] for s in (q, k, v))
+    return fc.sdpa_flop_count(q, k, v)
+
+
+FORMULAS: dict[str, Callable[[tuple, dict, Any], int | None]] = {
+    "linear": _linear,
+    "conv1d": _conv(False), "conv2d": _conv(False), "conv3d": _conv(False),
+    "conv_transpose1d": _conv(True), "conv_transpose2d": _conv(True),
+    "conv_transpose3d": _conv(True),
+    "matmul": _matmul, "mm": _matmul, "bmm": _matmul,
+    "addmm": _addmm, "baddbmm": _baddbmm,
+    "scaled_dot_product_attention": _sdpa,
+}
+
+
+def flops_of(name: str, args: tuple, kwargs: dict, out: Any) -> int | None:
+    """FLOPs for one call, or None when no formula applies or the shapes do not fit it."""
+    formula = FORMULAS.get(name)
+    if formula is None:
+        return None
+    try:
+        value = formula(args, kwargs, out)
+    except Exception:  # a shape the formula does not cover: unknown, not a crash
+        return None
+    return int(value) if value is not None else None

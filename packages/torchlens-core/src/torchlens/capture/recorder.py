@@ -1,0 +1,228 @@
+"""The hot path: a TorchFunctionMode that records every torch-level call of a forward pass.
+
+Graph edges follow tensor identity (id plus a weak reference, so a reused id never links the wrong
+tensor) and the version counter (an in-place write through a view re-routes later readers of the
+base to the writing op). Only top-level calls are seen: inside the handler the mode is off.
+"""
+
+from __future__ import annotations
+
+import weakref
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .flops import FORMULAS, flops_of
+from .naming import func_name
+
+Tensor = torch.Tensor
+_ref = weakref.ref
+
+# Calls that never return a tensor and never mutate: skipped before any bookkeeping.
+_PASSTHROUGH = {
+    Tensor.size, Tensor.dim, Tensor.numel, Tensor.__len__, Tensor.stride, Tensor.__repr__,
+    Tensor.__format__, Tensor.item, Tensor.tolist, Tensor.__bool__, Tensor.__int__,
+    Tensor.__float__, Tensor.__index__, Tensor.is_contiguous, Tensor.data_ptr,
+    Tensor.element_size, Tensor.is_floating_point, Tensor.is_complex, Tensor.__hash__,
+    Tensor.get_device, Tensor.nelement, Tensor.ndimension, Tensor.untyped_storage,
+    Tensor.storage_offset, Tensor.__reduce_ex__, Tensor.__deepcopy__, Tensor.__dlpack__,
+    Tensor.shape.__get__, Tensor.dtype.__get__, Tensor.device.__get__, Tensor.ndim.__get__,
+    Tensor.is_cuda.__get__, Tensor.requires_grad.__get__, Tensor.grad_fn.__get__,
+    Tensor.is_leaf.__get__, Tensor.layout.__get__,
+    Tensor.is_sparse.__get__, Tensor.is_quantized.__get__, Tensor.is_meta.__get__,
+    Tensor._version.__get__, Tensor.is_nested.__get__, Tensor._base.__get__,
+    Tensor.output_nr.__get__, Tensor.__array__,
+}
+_SETITEM = Tensor.__setitem__
+
+
+class CaptureState:
+    """Everything one capture accumulates; the Trace is built from it afterwards."""
+
+    def __init__(self, param_ids: dict[int, str], buffer_ids: dict[int, str], save_all: bool,
+                 save_labels: set[str]):
+        self.records: list[dict[str, Any]] = []
+        self.values: dict[int, Any] = {}
+        self.tensors: dict[int, tuple[int, Any, int]] = {}  # id -> (record, weakref, version)
+        self.mutations: dict[int, int] = {}  # storage data_ptr -> record index of last in-place op
+        self.param_ids, self.buffer_ids = param_ids, buffer_ids
+        self.save_all, self.save_labels = save_all, save_labels
+        self.frames: list[list] = [["", 1, {}]]  # [address, pass, per-call name counters]
+        self.sites: dict[tuple, str] = {}
+        self.name_counts: dict[str, int] = {}
+        self.failure: dict[str, Any] | None = None
+
+    # -- identity ------------------------------------------------------------------------------
+    def register(self, t: Tensor, index: int) -> None:
+        self.tensors[id(t)] = (index, _ref(t), t._version)
+
+    def producer(self, t: Tensor) -> int | None:
+        entry = self.tensors.get(id(t))
+        if entry is None or entry[1]() is not t:
+            return None
+        index = entry[0]
+        if t._version != entry[2] and self.mutations:
+            writer = self.mutations.get(_storage_key(t))
+            if writer is not None and writer > index:
+                return writer
+        return index
+
+    # -- labels --------------------------------------------------------------------------------
+    def label_for(self, name: str) -> tuple[str, str, int, str, int]:
+        frame = self.frames[-1]
+        counters = frame[2]
+        ordinal = counters.get(name, 0) + 1
+        counters[name] = ordinal
+        site = (frame[0], name, ordinal)
+        base = self.sites.get(site)
+        if base is None:
+            n = self.name_counts.get(name, 0) + 1
+            self.name_counts[name] = n
+            base = f"{name}_{n}"
+            self.sites[site] = base
+        pass_num = frame[1]
+        label = base if pass_num == 1 else f"{base}:{pass_num}"
+        return label, base, pass_num, frame[0], frame[1]
+
+    def module_stack(self) -> tuple[str, ...]:
+        return tuple(f"{f[0]}:{f[1]}" for f in self.frames[1:])
+
+
+def _storage_key(t: Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:
+        return -1
+
+
+def snapshot(value: Any) -> Any:
+    """A detached copy that later in-place ops cannot change."""
+    if isinstance(value, Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return tuple(snapshot(v) for v in value)
+    return value
+
+
+def _collect(value: Any, found: list, depth: int = 0) -> None:
+    if isinstance(value, Tensor):
+        found.append(value)
+    elif isinstance(value, (tuple, list)) and depth < 3:
+        for item in value:
+            _collect(item, found, depth + 1)
+    elif isinstance(value, dict) and depth < 3:
+        for item in value.values():
+            _collect(item, found, depth + 1)
+
+
+class Recorder(TorchFunctionMode):
+    """Records each top-level torch call made while it is active."""
+
+    def __init__(self, state: CaptureState):
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        if func in _PASSTHROUGH:
+            return func(*args, **kwargs)
+        first = args[0] if args else None
+        version_before = first._version if isinstance(first, Tensor) else None
+        t0 = perf_counter_ns()
+        try:
+            out = func(*args, **kwargs)
+        except BaseException as exc:
+            self._note_failure(func, args, kwargs, exc)
+            raise
+        elapsed = perf_counter_ns() - t0
+        if func is _SETITEM:
+            out_tensors = [first]
+            result = out
+        else:
+            result = out
+            if isinstance(out, Tensor):
+                out_tensors = [out]
+            elif isinstance(out, (tuple, list)):
+                out_tensors = [o for o in out if isinstance(o, Tensor)]
+                if not out_tensors:
+                    return out
+            else:
+                return out
+        self._record(func, args, kwargs, out, out_tensors, elapsed, first, version_before)
+        return result
+
+    def _record(self, func, args, kwargs, out, out_tensors, elapsed, first, version_before):
+        s = self.state
+        name = func_name(func)
+        inputs: list = []
+        for a in args:
+            if isinstance(a, Tensor):
+                inputs.append(a)
+            elif isinstance(a, (tuple, list)):
+                _collect(a, inputs)
+        if kwargs:
+            for a in kwargs.values():
+                if isinstance(a, Tensor):
+                    inputs.append(a)
+                elif isinstance(a, (tuple, list)):
+                    _collect(a, inputs)
+        parents: list[int] = []
+        params: list[str] = []
+        buffers: list[str] = []
+        param_ids, buffer_ids = s.param_ids, s.buffer_ids
+        for t in inputs:
+            key = id(t)
+            p = param_ids.get(key)
+            if p is not None:
+                params.append(p)
+                continue
+            b = buffer_ids.get(key)
+            if b is not None:
+                buffers.append(b)
+                continue
+            index = s.producer(t)
+            if index is not None and index not in parents:
+                parents.append(index)
+        main = out_tensors[0]
+        inplace = (
+            version_before is not None and main is first and first._version != version_before
+        )
+        index = len(s.records)
+        label, base, pass_num, module, module_pass = s.label_for(name)
+        nbytes = 0
+        for t in out_tensors:
+            nbytes += t.element_size() * t.numel()
+        rec = {
+            "label": label, "base_label": base, "pass_num": pass_num, "func": name,
+            "parents": parents, "shape": tuple(main.shape), "dtype": main.dtype,
+            "device": main.device, "out_shapes": [tuple(t.shape) for t in out_tensors],
+            "nbytes": nbytes, "module": module, "module_pass": module_pass,
+            "module_stack": s.module_stack(), "params": params, "buffers": buffers,
+            "time_ns": elapsed, "inplace": inplace,
+            "is_view": main._is_view() and not inplace,
+            "flops": flops_of(name, args, kwargs, out) if name in FORMULAS else None,
+        }
+        s.records.append(rec)
+        if s.save_all or label in s.save_labels or base in s.save_labels:
+            s.values[index] = snapshot(out if len(out_tensors) > 1 else main)
+        for t in out_tensors:
+            s.register(t, index)
+        if inplace:
+            s.mutations[_storage_key(first)] = index
+
+    def _note_failure(self, func, args, kwargs, exc) -> None:
+        s = self.state
+        if s.failure is not None:
+            return
+        shapes = []
+        found: list = []
+        _collect(list(args) + list((kwargs or {}).values()), found)
+        shapes = [tuple(t.shape) for t in found]
+        frame = s.frames[-1]
+        s.failure = {
+            "func": func_name(func), "module": frame[0], "module_pass": frame[1],
+            "input_shapes": shapes, "after_op": len(s.records),
+        }

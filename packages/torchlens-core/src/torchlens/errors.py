@@ -1,0 +1,100 @@
+"""TorchLens errors and warnings: one base class each, a stable ``.code`` and a ``.teach``.
+
+Every refusal names what was given, what was expected and the exact next command (``.teach``).
+Tests assert ``.code`` and the teach, never the whole message.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+# The catalogue: every code TorchLens raises or warns with, one line of meaning each.
+CODES: dict[str, str] = {
+    # input ladder
+    "input_rung_conflict": "a real input and input_shape= were both given; the rungs are exclusive",
+    "input_shape_invalid": "input_shape= is malformed (bad dims, names or slot count)",
+    "input_recipe_ambiguous": "no static fact fixes the dtype/values of a synthesized input slot",
+    "input_inference_failed": "no bounded shape probe produced a verified capture",
+    "input_unresolved": "a real input of a kind no installed plugin resolves (e.g. a string)",
+    "nongold_semantics_unavailable": "decoded semantics refused on a synthesized-input trace",
+    "nongold_raw_value_read": "warning: first raw activation read on a synthesized-input trace",
+    "semantics_unavailable": "the output has no decodable semantics (no plugin or labels)",
+    # capture
+    "nested_trace": "tl.trace was called from inside a forward that is being traced",
+    "forward_failed": "the model's forward raised during capture; the partial trace rides on it",
+    "save_selection_invalid": "save= named labels or modules that do not exist",
+    "model_invalid": "the model argument is not a torch.nn.Module",
+    # Trace access
+    "key_not_found": "no op, pass or module matches the lookup key",
+    "activation_not_saved": "op.out read on an op whose activation was not selected by save=",
+    # files
+    "trace_file_invalid": "a file given to tl.load is corrupt, truncated or not a TorchLens trace",
+    # state policy
+    "state_restore_failed": "a pinned surface could not restore the model's state bit for bit",
+    "state_baseline_unavailable": "intervention_ready=True with pending lazy parameters",
+    "state_changed": "the model changed since its intervention-ready trace",
+    "lazy_uninitialized": "un-materialized lazy parameters/buffers where they cannot be probed",
+    "batchnorm_train_stats_mutated": "warning: a train-mode capture updated BatchNorm stats",
+    "parameter_created_in_forward": "advisory: a parameter was created inside the forward",
+    # plugins
+    "plugin_invalid": "a plugin's hook returned something malformed or clashes with another",
+    "renderer_unavailable": "no renderer plugin is installed for drawing",
+}
+
+
+class TorchLensError(Exception):
+    """Base of every TorchLens refusal; ``.code`` is stable, ``.teach`` lists next commands."""
+
+    code: str = "torchlens_error"
+
+    def __init__(self, message: str, *, code: str | None = None, teach: str | list[str] = ()):
+        if code is not None:
+            self.code = code
+        self.teach: list[str] = [teach] if isinstance(teach, str) else list(teach)
+        self.message = message
+        text = f"[{self.code}] {message}"
+        if self.teach:
+            text += "\nNext:\n" + "\n".join(f"  {i}. {t}" for i, t in enumerate(self.teach, 1))
+        super().__init__(text)
+
+
+class InputError(TorchLensError, ValueError):
+    """The input given to a verb cannot be used as it stands."""
+
+
+class InputTypeError(TorchLensError, TypeError):
+    """The input or an argument has a type TorchLens cannot take."""
+
+
+class CaptureError(TorchLensError, RuntimeError):
+    """The capture itself could not run or finish."""
+
+
+class LookupFailed(TorchLensError, KeyError):
+    """A key into a Trace matched nothing."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return Exception.__str__(self)
+
+
+class TraceFileError(TorchLensError, ValueError):
+    """A saved-trace file is unreadable: corrupt, truncated or foreign."""
+
+    code = "trace_file_invalid"
+
+
+class StateError(TorchLensError, RuntimeError):
+    """The model's state is not what a surface's policy promises."""
+
+
+class TorchLensWarning(UserWarning):
+    """Base of TorchLens warnings; the message starts with the code so it can be filtered."""
+
+    def __init__(self, code: str, message: str):
+        self.code = code
+        super().__init__(f"{code}: {message}")
+
+
+def warn(code: str, message: str, stacklevel: int = 3) -> None:
+    """Emit a TorchLensWarning whose message starts with ``code``."""
+    warnings.warn(TorchLensWarning(code, message), stacklevel=stacklevel)

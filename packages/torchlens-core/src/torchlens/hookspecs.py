@@ -1,0 +1,42 @@
+"""Every TorchLens plugin hook, in one file. Plugins implement them with ``@torchlens.hookimpl``.
+
+Hooks are called with keyword arguments only, so an implementation may accept fewer arguments than
+its spec; ``firstresult`` hooks treat ``None`` as "not mine".
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("torchlens")
+hookimpl = pluggy.HookimplMarker("torchlens")
+
+
+@hookspec(firstresult=True)
+def torchlens_resolve_input(model, value, surface, options):
+    """Turn a non-tensor real input (a string, an image, a modality dict) into a ResolvedInput."""
+
+
+@hookspec
+def torchlens_input_recipe(model, slot):
+    """Static dtype/value facts (an InputSpec) for one forward entry named ``slot``, or None."""
+
+
+@hookspec
+def torchlens_shape_candidates(model):
+    """Rung-3 candidates from static facts: a list of input_shape values, most likely first."""
+
+
+@hookspec
+def torchlens_refusal_teach(model):
+    """Better next steps to show first when shape inference refuses (a list of strings)."""
+
+
+@hookspec
+def torchlens_renderers():
+    """Rendering backends: a mapping of renderer name to a renderer class."""
+
+
+@hookspec(firstresult=True)
+def torchlens_decode_output(trace, k):
+    """Output semantics for a gold trace: a DecodedOutput, or None when this plugin has none."""

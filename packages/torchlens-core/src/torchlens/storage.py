@@ -1,0 +1,104 @@
+"""Trace files: one ``torch.save`` zip holding versioned JSON metadata and the saved tensors.
+
+Loading uses ``torch.load(weights_only=True)``: no code runs. Anything unreadable, truncated or
+foreign raises ``trace_file_invalid`` before a Trace is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from .errors import TraceFileError
+from .trace import OP_FIELDS, SCHEMA_VERSION, Module, ModuleCall, Op, Trace
+
+FORMAT = "torchlens-trace"
+
+
+def _meta_of(trace: Trace) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "ops": [op.row() for op in trace.ops],
+        "modules": [m.row() for m in trace.modules.values()],
+        "params": trace.params,
+        "buffers": trace.buffers,
+        "output_structure": trace.output_structure,
+        "meta": trace.meta,
+        "provenance": trace.provenance,
+        "annotations": trace.annotations,
+    }
+
+
+def save_trace(trace: Trace, path: str | os.PathLike) -> None:
+    """Write ``trace`` to ``path`` atomically (a temp file renamed into place)."""
+    tensors: dict[str, Any] = {}
+    for op in trace.ops:
+        if op.saved:
+            value = op._value
+            if isinstance(value, tuple):
+                for j, t in enumerate(value):
+                    tensors[f"{op.index}.{j}"] = t
+            else:
+                tensors[str(op.index)] = value
+    payload = {"format": FORMAT, "meta_json": json.dumps(_meta_of(trace)), "tensors": tensors,
+               "tuple_ops": [op.index for op in trace.ops if op.saved
+                             and isinstance(op._value, tuple)]}
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def _invalid(path, why: str) -> TraceFileError:
+    return TraceFileError(
+        f"{path!s} is not a readable TorchLens trace: {why}",
+        teach=["trace.save(path)  # write a trace file", "tl.load(path)  # read one back"],
+    )
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Read a file written by ``Trace.save``; refuse anything else with ``trace_file_invalid``."""
+    if not os.path.isfile(path):
+        raise _invalid(path, "no such file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # corrupt zip, truncated data, unsafe pickle, not a torch file
+        raise _invalid(path, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise _invalid(path, "it was not written by Trace.save")
+    try:
+        meta = json.loads(payload["meta_json"])
+        if meta.get("schema_version") != SCHEMA_VERSION:
+            raise _invalid(path, f"schema version {meta.get('schema_version')} is not "
+                                 f"{SCHEMA_VERSION}")
+        return _trace_from(meta, payload["tensors"], set(payload.get("tuple_ops", [])))
+    except TraceFileError:
+        raise
+    except Exception as exc:
+        raise _invalid(path, f"inconsistent contents ({type(exc).__name__}: {exc})") from exc
+
+
+def _trace_from(meta: dict, tensors: dict, tuple_ops: set) -> Trace:
+    ops = []
+    for row in meta["ops"]:
+        fields = {name: row[name] for name in OP_FIELDS}
+        index = row["index"]
+        if row["saved"]:
+            if index in tuple_ops:
+                n = sum(1 for key in tensors if key.startswith(f"{index}."))
+                fields["_value"] = tuple(tensors[f"{index}.{j}"] for j in range(n))
+            else:
+                fields["_value"] = tensors[str(index)]
+        ops.append(Op(**fields))
+    modules = {}
+    for m in meta["modules"]:
+        calls = [ModuleCall(c["address"], c["pass_num"], c["type"], c["ops"], c["output_ops"],
+                            c["time_ns"]) for c in m["calls"]]
+        modules[m["address"]] = Module(m["address"], m["type"], m["depth"], m["num_params"],
+                                       calls)
+    return Trace(ops, modules, meta["params"], meta["buffers"], meta["output_structure"],
+                 meta["meta"], provenance=meta["provenance"], annotations=meta["annotations"])

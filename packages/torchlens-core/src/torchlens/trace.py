@@ -1,0 +1,301 @@
+"""The Trace: every op of one forward pass, its graph, modules and parameters, with lookup.
+
+Node kinds are a closed set (``OP_KINDS``); every field of ``Op`` is documented on the class.
+Plugins may put JSON-safe facts in ``op.meta`` / ``trace.meta``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .errors import LookupFailed, TorchLensError
+
+SCHEMA_VERSION = 1
+OP_KINDS = ("input", "op", "output")
+
+# Op fields that are plain JSON data, in the order rows() and the saved file use.
+OP_FIELDS = (
+    "index", "label", "base_label", "pass_num", "kind", "func", "parents", "children",
+    "shape", "dtype", "device", "out_shapes", "nbytes", "module", "module_pass", "module_stack",
+    "module_outputs", "params", "buffers", "time_ns", "flops", "inplace", "is_view", "slot",
+    "saved", "meta",
+)
+
+
+class Op:
+    """One node of the graph.
+
+    kind: "input" (a tensor the caller passed), "op" (a torch call), "output" (a returned tensor).
+    label: unique name (``conv2d_3``; ``linear_1:2`` for pass 2 of a repeated module call).
+    base_label / pass_num: the label without its pass, and the pass (1 when not repeated).
+    func: torch function name (``conv2d``, ``add_``, ``getitem``); "input"/"output" for those kinds.
+    parents / children: labels of the ops this one reads from / that read it (graph edges).
+    shape, dtype, device: of the first tensor output; out_shapes: every tensor output's shape.
+    nbytes: bytes of all tensor outputs. module / module_pass: innermost module address and its pass
+    ("" is the root model). module_stack: enclosing calls outermost first, as "address:pass".
+    module_outputs: module calls ("address:pass") whose output is this op's output.
+    params / buffers: addresses consumed directly by this call. time_ns: measured wall time.
+    flops: from torch.utils.flop_counter's formulas, None when no formula applies.
+    inplace: the call mutated its first argument; is_view: the output aliases an input's storage.
+    slot: for inputs, the positional index or keyword name; for outputs, the path in the output.
+    saved: whether the activation was kept (read it as ``op.out``).
+    """
+
+    __slots__ = OP_FIELDS + ("_value", "_trace")
+
+    def __init__(self, **fields: Any):
+        for name in OP_FIELDS:
+            setattr(self, name, fields.get(name))
+        self._value = fields.get("_value")
+        self._trace = None
+
+    @property
+    def out(self) -> Any:
+        """The saved activation (a detached copy taken right after the op ran)."""
+        if not self.saved:
+            raise TorchLensError(
+                f"op {self.label!r} has no saved activation",
+                code="activation_not_saved",
+                teach=[
+                    f"tl.trace(model, x, save=[{self.label!r}])",
+                    "tl.trace(model, x, save='all')",
+                ],
+            )
+        if self._trace is not None:
+            self._trace._on_value_read()
+        return self._value
+
+    def row(self) -> dict[str, Any]:
+        """This op's fields as a plain dict (no tensors)."""
+        return {name: getattr(self, name) for name in OP_FIELDS}
+
+    def __repr__(self) -> str:
+        where = f" in {self.module or '<model>'}" if self.kind == "op" else ""
+        shape = "x".join(map(str, self.shape)) if self.shape is not None else "-"
+        return f"<Op {self.label}: {self.func} -> {shape} {self.dtype or ''}{where}>"
+
+
+class ModuleCall:
+    """One call of a submodule: its ops and the ops that produced its output."""
+
+    __slots__ = ("address", "pass_num", "type", "ops", "output_ops", "time_ns", "_trace")
+
+    def __init__(self, address, pass_num, type, ops, output_ops, time_ns, trace=None):
+        self.address, self.pass_num, self.type = address, pass_num, type
+        self.ops, self.output_ops, self.time_ns = ops, output_ops, time_ns
+        self._trace = trace
+
+    @property
+    def label(self) -> str:
+        return f"{self.address}:{self.pass_num}"
+
+    @property
+    def out(self) -> Any:
+        """The saved output of this call (a tensor, or a tuple when it returned several)."""
+        values = [self._trace[label].out for label in self.output_ops]
+        if not values:
+            raise TorchLensError(
+                f"module call {self.label} returned no tensor produced inside the capture",
+                code="activation_not_saved",
+            )
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def row(self) -> dict[str, Any]:
+        return {s: getattr(self, s) for s in ("address", "pass_num", "type", "ops", "output_ops",
+                                              "time_ns")}
+
+    def __repr__(self) -> str:
+        return f"<ModuleCall {self.label} ({self.type}): {len(self.ops)} ops>"
+
+
+class Module:
+    """A submodule of the traced model with every call it made during the forward."""
+
+    __slots__ = ("address", "type", "depth", "num_params", "calls", "_trace")
+
+    def __init__(self, address, type, depth, num_params, calls, trace=None):
+        self.address, self.type, self.depth = address, type, depth
+        self.num_params, self.calls, self._trace = num_params, calls, trace
+
+    @property
+    def out(self) -> Any:
+        """The saved output when the module ran exactly once."""
+        if len(self.calls) != 1:
+            raise LookupFailed(
+                f"module {self.address!r} ran {len(self.calls)} times; pick one call",
+                code="key_not_found",
+                teach=[f"trace[{self.address + ':' + str(i)!r}].out" for i in
+                       range(1, len(self.calls) + 1)][:3],
+            )
+        return self.calls[0].out
+
+    def row(self) -> dict[str, Any]:
+        return {"address": self.address, "type": self.type, "depth": self.depth,
+                "num_params": self.num_params, "calls": [c.row() for c in self.calls]}
+
+    def __repr__(self) -> str:
+        return f"<Module {self.address} ({self.type}): {len(self.calls)} call(s)>"
+
+
+class Trace:
+    """The record of one forward pass: ops in execution order, modules, parameters, provenance."""
+
+    def __init__(self, ops, modules, params, buffers, output_structure, meta, provenance=None,
+                 annotations=None):
+        self.ops: list[Op] = ops
+        self.modules: dict[str, Module] = modules
+        self.params: dict[str, dict] = params
+        self.buffers: dict[str, dict] = buffers
+        self.output_structure = output_structure
+        self.meta: dict[str, Any] = meta
+        self.provenance: dict[str, Any] = provenance or {}
+        self.annotations: dict[str, Any] = annotations or {"capture_advisories": []}
+        self.annotations.setdefault("capture_advisories", [])
+        self._value_read_warned = False
+        self._by_label: dict[str, Op] = {}
+        for op in ops:
+            op._trace = self
+            self._by_label[op.label] = op
+            if op.pass_num == 1:
+                self._by_label.setdefault(f"{op.label}:1", op)
+        for module in modules.values():
+            module._trace = self
+            for call in module.calls:
+                call._trace = self
+
+    # ---- lookup -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.ops)
+
+    def __contains__(self, key: object) -> bool:
+        try:
+            self[key]  # type: ignore[index]
+        except (LookupFailed, TypeError):
+            return False
+        return True
+
+    def __getitem__(self, key: int | str) -> Op | Module | ModuleCall:
+        """An op by label, pass label or index; a Module by address; a ModuleCall by "addr:pass"."""
+        if isinstance(key, bool) or not isinstance(key, (int, str)):
+            raise TypeError(f"trace keys are labels, indices or module addresses, not {key!r}")
+        if isinstance(key, int):
+            try:
+                return self.ops[key]
+            except IndexError:
+                raise LookupFailed(
+                    f"index {key} is out of range for a trace of {len(self.ops)} ops",
+                    code="key_not_found", teach=["trace[0]", "trace[-1]", "len(trace)"],
+                ) from None
+        op = self._by_label.get(key)
+        if op is not None:
+            return op
+        if key in self.modules:
+            return self.modules[key]
+        address, _, pass_text = key.rpartition(":")
+        if address in self.modules and pass_text.isdigit():
+            calls = self.modules[address].calls
+            if 1 <= int(pass_text) <= len(calls):
+                return calls[int(pass_text) - 1]
+        raise LookupFailed(
+            f"no op label, pass label, index or module address matches {key!r}",
+            code="key_not_found",
+            teach=[f"trace[{name!r}]" for name in self._close_keys(key)]
+            or ["[op.label for op in trace]", "list(trace.modules)"],
+        )
+
+    def _close_keys(self, key: str) -> list[str]:
+        import difflib
+
+        names = list(self._by_label) + list(self.modules)
+        return difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+
+    @property
+    def inputs(self) -> list[Op]:
+        return [op for op in self.ops if op.kind == "input"]
+
+    @property
+    def outputs(self) -> list[Op]:
+        return [op for op in self.ops if op.kind == "output"]
+
+    @property
+    def output(self) -> Any:
+        """The model's output rebuilt from the saved output tensors (mappings become dicts)."""
+        return _rebuild(self.output_structure, self)
+
+    # ---- tables ------------------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        """One plain dict per op, in execution order: the table every surface builds on."""
+        return [op.row() for op in self.ops]
+
+    @property
+    def num_params(self) -> int:
+        """Parameters of the model, tied parameters counted once."""
+        return sum(p["numel"] for p in self.params.values())
+
+    @property
+    def total_flops(self) -> int | None:
+        known = [op.flops for op in self.ops if op.flops is not None]
+        return sum(known) if known else None
+
+    def __repr__(self) -> str:
+        n_ops = sum(op.kind == "op" for op in self.ops)
+        origin = self.provenance.get("origin", "gold")
+        saved = sum(bool(op.saved) for op in self.ops)
+        return (
+            f"<Trace of {self.meta.get('model_class', 'model')}: {n_ops} ops, "
+            f"{len(self.inputs)} input(s), {len(self.outputs)} output(s), "
+            f"{len(self.modules)} modules, {self.num_params:,} params, {saved} saved, "
+            f"input {origin}>"
+        )
+
+    # ---- values and files ---------------------------------------------------------------------
+    def _on_value_read(self) -> None:
+        """Called on every ``op.out`` read; the input ladder warns here for synthesized inputs."""
+        if self._value_read_warned or self.provenance.get("origin", "gold") == "gold":
+            return
+        self._value_read_warned = True
+        from .errors import warn
+
+        warn(
+            "nongold_raw_value_read",
+            f"this trace ran on {self.provenance.get('origin')} (synthesized) input values; "
+            "activations are real measurements of a forward over random data. Pass a real input "
+            "for data-meaningful values.",
+            stacklevel=4,
+        )
+
+    def draw(self, **options: Any):
+        """Render the graph through a renderer plugin (``collapse="none"`` by default here)."""
+        from .viz import draw_trace
+
+        return draw_trace(self, **options)
+
+    def save(self, path) -> None:
+        """Write this trace (metadata, provenance and saved activations) to one file."""
+        from .storage import save_trace
+
+        save_trace(self, path)
+
+
+def _rebuild(node: Any, trace: Trace) -> Any:
+    kind = node["type"]
+    if kind == "tensor":
+        op = trace[node["label"]]
+        return op._value if op.saved else None
+    if kind in ("tuple", "list"):
+        items = [_rebuild(item, trace) for item in node["items"]]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        return {key: _rebuild(item, trace) for key, item in zip(node["keys"], node["items"])}
+    return node.get("repr")
+
+
+def tensor_facts(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
+    """Shape, dtype name and device string of a tensor, as stored on ops."""
+    return tuple(t.shape), str(t.dtype).removeprefix("torch."), str(t.device)
