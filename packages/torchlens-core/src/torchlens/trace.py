@@ -155,6 +155,8 @@ class Trace:
         self.annotations: dict[str, Any] = annotations or {"capture_advisories": []}
         self.annotations.setdefault("capture_advisories", [])
         self._value_read_warned = False
+        self.receipt = None  # set by pinned surfaces
+        self._objects: dict[str, Any] = {}  # resolver objects (e.g. a tokenizer); never saved
         self._by_label: dict[str, Op] = {}
         for op in ops:
             op._trace = self
@@ -269,6 +271,16 @@ class Trace:
             "for data-meaningful values.",
             stacklevel=4,
         )
+
+    def decode_output(self, k: int = 5, labels: Any = None):
+        """The output's meaning (next token, class label) for a gold trace; refuses otherwise."""
+        from .semantics import decode
+
+        return decode(self, k, labels)
+
+    def output_table(self, k: int = 5, labels: Any = None) -> list[dict[str, Any]]:
+        """The top-k of the output with probabilities (and labels when known); gold traces only."""
+        return self.decode_output(k, labels).rows
 
     def draw(self, **options: Any):
         """Render the graph through a renderer plugin (``collapse="none"`` by default here)."""

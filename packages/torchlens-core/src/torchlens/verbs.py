@@ -1,4 +1,8 @@
-"""The public verbs. Each resolves its input through the ladder, then captures under its policy."""
+"""The public verbs. Each resolves its input through the ladder, then captures under its policy.
+
+``tl.trace`` is the power surface (keeps the caller's modes); pinned surfaces capture in eval +
+no-grad and restore state, verified by a receipt.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +11,124 @@ from typing import Any
 
 from torch import nn
 
-from .capture import capture
+from .capture.engine import capture, capturing, parse_save
+from .capture.policy import pending_lazy, pinned, state_hash
+from .errors import CaptureError, InputError, StateError, warn
+from .ladder import ABSENT, Resolution, resolve
 from .storage import load_trace
 from .trace import Trace
 
-_ABSENT: Any = object()
+LAZY_TEACH = [
+    "with torch.no_grad():\n         model(x)   # materialize outside capture, then re-run the verb",
+]
+_bn_warned = False
 
 
-def trace(model: nn.Module, input: Any = _ABSENT, /, *, input_kwargs: dict | None = None,
-          input_shape: Any = None, save: Any = "all", intervention_ready: bool = False) -> Trace:
-    """Record every op of ``model``'s forward on ``input`` (a tensor, a tuple of args, a mapping of
-    forward keywords, or anything a plugin resolves)."""
-    args, kwargs = _as_call(input, input_kwargs)
-    return capture(model, args, kwargs, save=save, provenance={"origin": "gold"})
+def _check_entry(model: nn.Module, surface: str, rung3: bool) -> None:
+    """Refusals that need no forward: not a module, nested capture, pending lazy state."""
+    if not isinstance(model, nn.Module):
+        from .errors import InputTypeError
+
+        raise InputTypeError(f"tl.{surface} takes a torch.nn.Module, got {type(model).__name__}",
+                             code="model_invalid", teach=[f"tl.{surface}(model, x)"])
+    if capturing():
+        raise CaptureError(
+            f"tl.{surface} was called from inside a forward that TorchLens is already capturing",
+            code="nested_trace",
+            teach=["call it outside the model's forward",
+                   "trace the outer model once and look up the inner module: trace['sub.module']"])
+    lazy = pending_lazy(model)
+    buffers = [n for n, kind in lazy.items() if kind == "buffer"]
+    if buffers:
+        raise InputError(
+            f"{type(model).__name__} has un-materialized lazy buffers {buffers[:3]}; tl.{surface} "
+            "cannot use them before a first forward", code="lazy_uninitialized",
+            teach=LAZY_TEACH)
+    if rung3 and lazy:
+        raise InputError(
+            f"{type(model).__name__} has un-materialized lazy parameters {sorted(lazy)[:3]}: "
+            "a lazy module accepts any width, so a probe would install its guess in your model",
+            code="lazy_uninitialized",
+            teach=LAZY_TEACH + [f"tl.{surface}(model, x)  # or pass the real input now"])
 
 
-def _as_call(value: Any, input_kwargs: dict | None) -> tuple[tuple, dict]:
-    from collections.abc import Mapping
+def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str
+                   ) -> Trace:
+    """One capture in eval + no-grad with state restored; the receipt rides on the trace."""
+    with pinned(model, surface) as box:
+        result = capture(model, args, kwargs, save=save)
+    result.receipt = box["receipt"]
+    result.meta["receipt"] = box["receipt"].as_dict()
+    return result
 
-    kwargs = dict(input_kwargs or {})
-    if value is _ABSENT:
-        return (), kwargs
-    if isinstance(value, Mapping):
-        return (), {**value, **kwargs}
-    if isinstance(value, (tuple, list)):
-        return tuple(value), kwargs
-    return (value,), kwargs
+
+def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, input_shape: Any,
+                surface: str, options: dict, probe=None, hints=None) -> Resolution:
+    """Entry checks, then the ladder: the shared first step of every surface."""
+    rung3 = value is ABSENT and input_shape is None and not input_kwargs
+    _check_entry(model, surface, rung3)
+    return resolve(model, value, input_kwargs=input_kwargs, input_shape=input_shape,
+                   surface=surface, options=options, probe=probe, hints=hints)
+
+
+def _options(tokenizer: Any, processor: Any, preprocess: Any, labels: Any = None) -> dict:
+    return {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess,
+            "labels": labels}
+
+
+def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
+          input_shape: Any = None, save: Any = "all", intervention_ready: bool = False,
+          tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
+          labels: Any = None) -> Trace:
+    """Record every op of ``model``'s forward on a real input, a declared shape, or nothing.
+
+    ``input`` is a tensor, a tuple of positional args, a mapping of forward keywords, or anything
+    a plugin resolves (a prompt string, a PIL image). ``save`` is "all", None or a list of op
+    labels / module addresses. Keeps the caller's train/eval and grad modes.
+    """
+    parse_save(save, model)
+    if intervention_ready and pending_lazy(model):
+        raise StateError(
+            "intervention_ready=True needs a state baseline, but "
+            f"{sorted(pending_lazy(model))[:3]} are pending lazy parameters with no bytes to witness",
+            code="state_baseline_unavailable", teach=LAZY_TEACH)
+    res = resolve_for(
+        model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface="trace",
+        options=_options(tokenizer, processor, preprocess, labels),
+        probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"))
+    if res.verified is not None:
+        result = res.verified
+        if save is not None:
+            result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace")
+            res.provenance["recapture"] = {
+                "reason": f"save={save!r} is not satisfied by the metadata-only verified capture",
+                "policy": "eval + no-grad, the mode inference verified",
+            }
+    else:
+        result = capture(model, res.args, res.kwargs, save=save)
+        _warn_bn_train(model)
+    result.provenance = res.provenance
+    result._objects = res.objects
+    if intervention_ready:
+        result.meta["state_baseline"] = state_hash(model)
+    return result
+
+
+def _warn_bn_train(model: nn.Module) -> None:
+    global _bn_warned
+    if _bn_warned:
+        return
+    mutated = [n for n, m in model.named_modules()
+               if isinstance(m, nn.modules.batchnorm._NormBase) and m.training
+               and m.track_running_stats]
+    if mutated:
+        _bn_warned = True
+        warn("batchnorm_train_stats_mutated",
+             f"the model is in train mode, so this capture updated the running statistics of "
+             f"{len(mutated)} BatchNorm layer(s) (e.g. {mutated[0]!r}), exactly as a plain "
+             "forward would. Call model.eval() first to leave them untouched.", stacklevel=3)
 
 
 def load(path: str | os.PathLike) -> Trace:
-    """Read a trace written by ``Trace.save``."""
+    """Read a trace written by ``Trace.save`` (no code runs while loading)."""
     return load_trace(path)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .. import __version__ as _tl_version
-from ..errors import CaptureError, InputError, InputTypeError
+from ..errors import InputTypeError
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace, tensor_facts
 from .recorder import CaptureState, Recorder, snapshot
 
@@ -50,18 +50,6 @@ def parse_save(save: Any, model: nn.Module) -> tuple[bool, set[str], set[str]]:
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
             provenance: dict | None = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace."""
-    if not isinstance(model, nn.Module):
-        raise InputTypeError(
-            f"tl.trace takes a torch.nn.Module, got {type(model).__name__}",
-            code="model_invalid", teach=["tl.trace(model, x)  # model: an nn.Module instance"],
-        )
-    if capturing():
-        raise CaptureError(
-            "tl.trace was called from inside a forward that TorchLens is already capturing",
-            code="nested_trace",
-            teach=["call tl.trace(model, x) outside the model's forward",
-                   "trace the outer model once and look up the inner module: trace['sub.module']"],
-        )
     save_all, save_labels, save_modules = parse_save(save, model)
     param_ids: dict[int, str] = {}
     aliases: dict[str, list[str]] = {}
@@ -308,12 +296,3 @@ def _attach_failure(exc: BaseException, state: CaptureState, partial: Trace) -> 
         exc.add_note(note)
     except (AttributeError, TypeError):
         pass
-
-
-def check_real_call(args: Any, kwargs: Any) -> None:
-    """Refuse a kwargs value that is not a mapping with string keys."""
-    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-        raise InputError(
-            f"input_kwargs= must map forward keyword names to values, got {kwargs!r}",
-            code="input_shape_invalid", teach=["tl.trace(model, x, input_kwargs={'mask': m})"],
-        )

@@ -1,0 +1,127 @@
+"""Execution policy of the pinned surfaces: eval + no-grad, forked RNG, restored state, a receipt.
+
+``pinned(model)`` snapshots every module's ``training`` flag, the RNG streams (CPU and CUDA) and
+every buffer, hashes the state dict, runs the body in eval + no-grad, then restores and re-hashes.
+The receipt says what was pinned and restored and whether the state verifies bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parameter import is_lazy
+
+from ..errors import StateError
+
+
+@dataclass
+class Receipt:
+    """What a pinned surface did to the model, and the proof that it undid it."""
+
+    hash_before: str
+    hash_after: str
+    verified: bool
+    pinned: dict[str, Any]
+    restored: list[str]
+    materialized: dict[str, list[int]] = field(default_factory=dict)
+    algorithm: str = "sha256 over (name, shape, dtype, crc32 of bytes) of every param and buffer"
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __repr__(self) -> str:
+        state = "verified" if self.verified else "MISMATCH"
+        extra = f", materialized {sorted(self.materialized)}" if self.materialized else ""
+        return f"<Receipt {state}: state {self.hash_after[:12]}{extra}>"
+
+
+def state_hash(model: nn.Module, skip: set[str] = frozenset()) -> str:
+    """A digest of every parameter's and buffer's bytes (pending lazy tensors are skipped)."""
+    digest = hashlib.sha256()
+    tensors = list(model.named_parameters(remove_duplicate=False))
+    tensors += list(model.named_buffers(remove_duplicate=False))
+    for name, t in tensors:
+        if name in skip or is_lazy(t):
+            continue
+        digest.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
+        digest.update(_crc(t).to_bytes(4, "little"))
+    return digest.hexdigest()
+
+
+def _crc(t: torch.Tensor) -> int:
+    data = t.detach()
+    if data.device.type != "cpu":
+        data = data.cpu()
+    data = data.contiguous()
+    if data.numel() == 0:
+        return 0
+    return zlib.crc32(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
+
+
+def pending_lazy(model: nn.Module) -> dict[str, str]:
+    """Names of un-materialized lazy parameters and buffers (name -> 'parameter' / 'buffer')."""
+    found = {name: "parameter" for name, p in model.named_parameters() if is_lazy(p)}
+    found.update({name: "buffer" for name, b in model.named_buffers() if is_lazy(b)})
+    return found
+
+
+@contextlib.contextmanager
+def pinned(model: nn.Module, surface: str) -> Iterator[dict[str, Any]]:
+    """Run the body in eval + no-grad with forked RNG; restore and verify afterwards.
+
+    Yields a dict that receives ``receipt`` (a Receipt) when the block exits, also on error.
+    """
+    box: dict[str, Any] = {}
+    lazy_before = pending_lazy(model)
+    before = state_hash(model)
+    flags = [(m, m.training) for m in model.modules()]
+    buffers = [(b, b.detach().clone()) for _, b in model.named_buffers() if not is_lazy(b)]
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    devices = list(range(torch.cuda.device_count())) if cuda else []
+    error: BaseException | None = None
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            model.eval()
+            try:
+                yield box
+            finally:
+                for module, flag in flags:
+                    module.training = flag
+                with torch.no_grad():
+                    for live, saved in buffers:
+                        if live.shape == saved.shape:
+                            live.copy_(saved)
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        materialized = {
+            name: list(t.shape)
+            for name, t in list(model.named_parameters()) + list(model.named_buffers())
+            if name in lazy_before and not is_lazy(t)
+        }
+        after = state_hash(model, skip=set(materialized))
+        receipt = Receipt(
+            hash_before=before, hash_after=after, verified=before == after,
+            pinned={"mode": "eval", "grad": "disabled", "surface": surface,
+                    "rng": "forked (cpu" + (", cuda" if devices else "") + ")"},
+            restored=["training flags", "rng state", "buffers"],
+            materialized=materialized,
+        )
+        box["receipt"] = receipt
+        if not receipt.verified and error is None:
+            raise StateError(
+                f"{surface}: the model's parameters or buffers differ after the pinned capture "
+                f"(state hash {before[:12]} -> {after[:12]}); the forward mutated state that "
+                "TorchLens does not restore (e.g. an in-place write to a parameter)",
+                code="state_restore_failed",
+                teach=["tl.trace(model, x)  # the power surface keeps your modes and reports no "
+                       "receipt", "inspect the forward for in-place writes to parameters"],
+            )

@@ -1,0 +1,80 @@
+"""The input ladder: a real input XOR ``input_shape=`` XOR nothing, with a provenance record.
+
+``resolve`` is the one resolver every surface uses. Rung 3 returns the verified probe's result so
+the surface consumes it instead of capturing again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..errors import InputError, InputTypeError
+from . import provenance as prov
+from .infer import MAX_PROBES, Inference, infer
+from .real import resolve_real
+from .recipes import recipe_for
+from .shapes import parse_input_shape
+from .synth import model_device, synthesize
+
+ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "<absent>"})()
+
+__all__ = ["ABSENT", "MAX_PROBES", "Inference", "Resolution", "infer", "resolve"]
+
+
+@dataclass
+class Resolution:
+    """The call a surface runs, its provenance, and (rung 3) the verified probe's result."""
+
+    args: tuple
+    kwargs: dict
+    provenance: dict[str, Any]
+    objects: dict[str, Any] = field(default_factory=dict)
+    verified: Any = None
+
+
+def resolve(model: nn.Module, value: Any = ABSENT, *, input_kwargs: dict | None = None,
+            input_shape: Any = None, surface: str = "trace",
+            options: dict[str, Any] | None = None,
+            probe: Callable[[tuple, dict], Any] | None = None,
+            hints: dict | None = None) -> Resolution:
+    """Pick the rung, refuse conflicts before any forward, and build the call plus provenance."""
+    if not isinstance(model, nn.Module):
+        raise InputTypeError(
+            f"tl.{surface} takes a torch.nn.Module, got {type(model).__name__}",
+            code="model_invalid", teach=[f"tl.{surface}(model, x)  # model: an nn.Module"])
+    has_real = value is not ABSENT
+    if input_shape is not None and (has_real or input_kwargs):
+        given = "a real input" if has_real else "input_kwargs="
+        raise InputError(
+            f"tl.{surface} got {given} AND input_shape=; the rungs are exclusive",
+            code="input_rung_conflict",
+            teach=[f"tl.{surface}(model, x)  # keep the real input (best)",
+                   f"tl.{surface}(model, input_shape=...)  # or only the declared shape"])
+    if input_kwargs is not None and not (isinstance(input_kwargs, dict) and all(
+            isinstance(k, str) for k in input_kwargs)):
+        raise InputTypeError(
+            f"input_kwargs= must map forward keyword names to values, got {input_kwargs!r}",
+            code="input_unresolved", teach=[f"tl.{surface}(model, x, input_kwargs={{'mask': m}})"])
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    if has_real or input_kwargs:
+        real = resolve_real(model, value if has_real else (), input_kwargs, surface, options)
+        record = prov.gold(surface, real.args, real.kwargs, real.facts or None)
+        return Resolution(real.args, real.kwargs, record, real.objects)
+    if input_shape is not None:
+        slots = parse_input_shape(input_shape, model)
+        recipes = [recipe_for(model, s, len(slots)) for s in slots]
+        tensors = synthesize(recipes, model_device(model))
+        args = tuple(t for s, t in zip(slots, tensors) if not s.keyword)
+        kwargs = {s.name: t for s, t in zip(slots, tensors) if s.keyword}
+        record = prov.synthesized("declared", surface, slots, recipes, [], "input_shape")
+        return Resolution(args, kwargs, record)
+    if probe is None:
+        raise InputError(f"tl.{surface} needs an input", code="input_inference_failed")
+    found = infer(model, probe, hints, surface)
+    record = prov.synthesized("inferred", surface, found.slots, found.recipes, found.diary,
+                              "inference")
+    return Resolution(found.args, found.kwargs, record, verified=found.result)

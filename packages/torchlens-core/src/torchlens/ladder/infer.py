@@ -1,0 +1,150 @@
+"""Rung 3: infer an input from static facts with at most ``MAX_PROBES`` pinned probes.
+
+Candidates come from hints, plugins (``torchlens_shape_candidates``) and the model's first layer.
+Each probe runs pinned (eval, no-grad, forked RNG, restored state) and is one diary row; the
+first that runs is the verified one and its result is what the surface consumes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..errors import InputError, TorchLensError
+from ..plugins import hook
+from ..types import InputSpec
+from .recipes import Recipe, _first_param_leaf, recipe_for
+from .shapes import Slot, parse_input_shape
+from .signature import ForwardSignature, forward_signature
+from .synth import model_device, synthesize
+
+MAX_PROBES = 8  # forwards at most, failed or not, before inference refuses
+
+
+@dataclass
+class Inference:
+    """The verified candidate: its slots, recipes, tensors, the probe's result and the diary."""
+
+    candidate: Any
+    slots: list[Slot]
+    recipes: list[Recipe]
+    args: tuple
+    kwargs: dict
+    result: Any
+    diary: list[dict[str, Any]] = field(default_factory=list)
+
+
+def core_candidates(model: nn.Module, sig: ForwardSignature, hints: dict) -> list[Any]:
+    """Shapes suggested by the first parameterized layer, for single-input forwards only."""
+    if len(sig.required) > 1 or (not sig.positional and not sig.var_positional):
+        return []
+    first = _first_param_leaf(model)
+    if first is None:
+        return []
+    m, b = first[1], int(hints.get("batch", 1))
+    sizes = [hints["image_size"]] if "image_size" in hints else [224, 32, 64, 28, 16, 96, 128, 256]
+    seq = [hints["seq_len"]] if "seq_len" in hints else [16, 8]
+    if isinstance(m, nn.Linear):
+        return [(b, m.in_features), (b, 8, m.in_features)]
+    if isinstance(m, nn.Conv2d):
+        return [(b, m.in_channels, s, s) for s in sizes]
+    if isinstance(m, nn.Conv1d):
+        return [(b, m.in_channels, s) for s in (seq + [64, 128])]
+    if isinstance(m, nn.Conv3d):
+        return [(b, m.in_channels, 16, 112, 112), (b, m.in_channels, 8, 32, 32)]
+    if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+        return [(b, s) for s in seq]
+    if isinstance(m, nn.RNNBase):
+        return [(b, seq[0], m.input_size) if m.batch_first else (seq[0], b, m.input_size)]
+    if isinstance(m, nn.LayerNorm):
+        return [(b, seq[0], *m.normalized_shape)]
+    if isinstance(m, nn.modules.batchnorm._BatchNorm):
+        extra = {"BatchNorm1d": [(), (16,)], "BatchNorm2d": [(32, 32)], "BatchNorm3d": [(8, 8, 8)]}
+        return [(b, m.num_features, *e) for e in extra.get(type(m).__name__, [()])]
+    return []
+
+
+def candidates(model: nn.Module, sig: ForwardSignature, hints: dict) -> list[Any]:
+    """Every candidate, most likely first, without duplicates."""
+    found: list[Any] = []
+    if "shape" in hints:
+        found.append(hints["shape"])
+    for group in hook().torchlens_shape_candidates(model=model):
+        found.extend(group or [])
+    found.extend(core_candidates(model, sig, hints))
+    unique, seen = [], set()
+    for c in found:
+        key = repr(c)
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    return unique
+
+
+def infer(model: nn.Module, probe: Callable[[tuple, dict], Any], hints: dict | None = None,
+          surface: str = "trace") -> Inference:
+    """Probe candidates in order; return the first verified one or refuse with the diary."""
+    hints = dict(hints or {})
+    sig = forward_signature(model)
+    diary: list[dict[str, Any]] = []
+    device = model_device(model)
+    forwards = 0
+    for candidate in candidates(model, sig, hints):
+        if forwards >= MAX_PROBES:
+            break
+        row: dict[str, Any] = {"probe": len(diary) + 1, "candidate": _jsonable(candidate)}
+        diary.append(row)
+        t0 = time.perf_counter()
+        try:
+            slots = parse_input_shape(candidate, model, sig)
+            recipes = [recipe_for(model, s, len(slots)) for s in slots]
+        except TorchLensError as exc:
+            row.update(outcome="skipped", error_code=exc.code, error=exc.message[:300],
+                       time_ms=0.0)
+            continue
+        tensors = synthesize(recipes, device)
+        args = tuple(t for s, t in zip(slots, tensors) if not s.keyword)
+        kwargs = {s.name: t for s, t in zip(slots, tensors) if s.keyword}
+        forwards += 1
+        try:
+            result = probe(args, kwargs)
+        except Exception as exc:  # a failed probe is a diary row, never a fall-through guess
+            row.update(outcome="failed", error_code=getattr(exc, "code", type(exc).__name__),
+                       error=str(exc).splitlines()[0][:300] if str(exc) else "",
+                       time_ms=round((time.perf_counter() - t0) * 1e3, 3))
+            continue
+        row.update(outcome="verified", error_code=None, error=None,
+                   time_ms=round((time.perf_counter() - t0) * 1e3, 3))
+        return Inference(candidate, slots, recipes, args, kwargs, result, diary)
+    raise _refusal(model, sig, diary, surface)
+
+
+def _refusal(model, sig, diary, surface) -> InputError:
+    verb = f"tl.{surface}" if surface != "debug" else "tl.trace"
+    teach = [t for group in hook().torchlens_refusal_teach(model=model) for t in (group or [])]
+    teach += [
+        f"{verb}(model, x)  # pass the real call",
+        f"{verb}(model, input_shape={sig.spelled_mapping()})",
+        "torchlens.debug.guess_input_shape(model, hints={'shape': (1, 3, 224, 224)})",
+    ]
+    tried = "; ".join(f"{r['candidate']}: {r['outcome']} ({r.get('error_code')})" for r in diary)
+    err = InputError(
+        f"could not infer an input for {type(model).__name__} from static facts "
+        f"({len(diary)} candidate(s){': ' + tried if tried else ''})",
+        code="input_inference_failed", teach=teach)
+    err.diary = diary  # type: ignore[attr-defined]
+    return err
+
+
+def _jsonable(candidate: Any) -> Any:
+    if isinstance(candidate, InputSpec):
+        return candidate.describe()
+    if isinstance(candidate, dict):
+        return {str(k): _jsonable(v) for k, v in candidate.items()}
+    if isinstance(candidate, (list, tuple)):
+        return [_jsonable(v) for v in candidate]
+    return candidate

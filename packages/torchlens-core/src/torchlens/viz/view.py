@@ -1,0 +1,108 @@
+"""The graph view: the plain nodes, edges and clusters every renderer draws (strings only).
+
+A view is what is left of a Trace after collapsing, filtering and labelling. It holds no tensors
+and no reference to the trace, so renderers (and the Drawing) never keep a capture alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .themes import Theme
+
+NODE_KINDS = ("input", "op", "output", "module", "boundary")
+
+
+@dataclass
+class ViewNode:
+    """One drawn box.
+
+    kind: "input" / "op" / "output" (an op of the trace), "module" (a collapsed module call or a
+    fold of identical calls), "boundary" (a tensor entering or leaving a ``module=`` subgraph).
+    title: the bold first line (op label, module address or "GPT2Block ×12"); lines: the rest
+    (module type, "shape · params"). count: how many calls or passes the node stands for.
+    cluster: id of the innermost cluster holding the node, None at top level.
+    """
+
+    id: str
+    kind: str
+    title: str
+    lines: list[str] = field(default_factory=list)
+    shape: str = ""
+    params: int = 0
+    count: int = 1
+    cluster: str | None = None
+    ops: int = 1
+
+
+@dataclass
+class ViewEdge:
+    """A tensor flowing from ``tail`` to ``head`` (node ids); ``label`` is its shape."""
+
+    tail: str
+    head: str
+    label: str = ""
+
+
+@dataclass
+class ViewCluster:
+    """A labelled box around the nodes of one expanded module call (or a fold of calls)."""
+
+    id: str
+    title: str
+    parent: str | None
+    depth: int
+    count: int = 1
+
+
+@dataclass
+class GraphView:
+    """Everything a renderer needs: nodes and clusters in execution order, edges, looks."""
+
+    title: str
+    nodes: list[ViewNode]
+    edges: list[ViewEdge]
+    clusters: list[ViewCluster]
+    theme: Theme
+    direction: str = "TB"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def node(self, node_id: str) -> ViewNode:
+        """The node with id ``node_id``."""
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        raise KeyError(node_id)
+
+    def titles(self) -> list[str]:
+        """Every node title, in order (handy in tests and reprs)."""
+        return [node.title for node in self.nodes]
+
+
+def format_shape(shape: Sequence[int] | None) -> str:
+    """``(1, 3, 224, 224)`` → ``"1×3×224×224"``; a scalar → ``"scalar"``; unknown → ``""``."""
+    if shape is None:
+        return ""
+    if len(shape) == 0:
+        return "scalar"
+    return "×".join(str(int(d)) for d in shape)
+
+
+def format_count(n: int) -> str:
+    """A short parameter count: 950, 12.3K, 11.7M, 1.5B."""
+    for size, suffix in ((1_000_000_000, "B"), (1_000_000, "M"), (1_000, "K")):
+        if n >= size:
+            return f"{n / size:.1f}{suffix}"
+    return str(n)
+
+
+def detail_line(shape: str, params: int, dtype: str | None = None) -> str:
+    """The "shape · params" line under a node title."""
+    parts = []
+    if shape:
+        parts.append(f"{shape} {dtype}" if dtype and dtype != "float32" else shape)
+    if params:
+        parts.append(f"{format_count(params)} params")
+    return " · ".join(parts)
