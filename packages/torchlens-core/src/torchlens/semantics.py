@@ -17,7 +17,7 @@ from .types import DecodedOutput
 
 
 def main_output(trace) -> torch.Tensor | None:
-    """The tensor most likely to hold the model's prediction: ``logits`` if named, else the first."""
+    """The tensor most likely to hold the model's prediction: ``logits``, else the first."""
     outputs = trace.outputs
     for op in outputs:
         if op.saved and "logits" in str(op.slot):

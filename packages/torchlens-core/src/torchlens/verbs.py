@@ -19,7 +19,7 @@ from .storage import load_trace
 from .trace import Trace
 
 LAZY_TEACH = [
-    "with torch.no_grad():\n         model(x)   # materialize outside capture, then re-run the verb",
+    "with torch.no_grad(): model(x)  # materialize outside capture, then re-run the verb",
 ]
 _bn_warned = False
 
@@ -90,7 +90,8 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     if intervention_ready and pending_lazy(model):
         raise StateError(
             "intervention_ready=True needs a state baseline, but "
-            f"{sorted(pending_lazy(model))[:3]} are pending lazy parameters with no bytes to witness",
+            f"{sorted(pending_lazy(model))[:3]} are pending lazy parameters with no bytes to "
+            "witness",
             code="state_baseline_unavailable", teach=LAZY_TEACH)
     res = resolve_for(
         model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface="trace",
