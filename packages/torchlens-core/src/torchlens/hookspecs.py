@@ -17,6 +17,11 @@ def torchlens_resolve_input(model, value, surface, options):
     """Turn a non-tensor real input (a string, an image, a modality dict) into a ResolvedInput."""
 
 
+@hookspec(firstresult=True)
+def torchlens_describe_input(value):
+    """JSON-safe provenance facts for one real input value (e.g. an image's size, mode, hash)."""
+
+
 @hookspec
 def torchlens_input_recipe(model, slot):
     """Static dtype/value facts (an InputSpec) for one forward entry named ``slot``, or None."""

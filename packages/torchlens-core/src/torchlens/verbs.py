@@ -109,7 +109,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         result = capture(model, res.args, res.kwargs, save=save)
         _warn_bn_train(model)
     result.provenance = res.provenance
-    result._objects = res.objects
+    result._objects = {"model": model, "labels": labels, **res.objects}
     if intervention_ready:
         result.meta["state_baseline"] = state_hash(model)
     return result
