@@ -16,6 +16,7 @@ CODES: dict[str, str] = {
     "input_recipe_ambiguous": "no static fact fixes the dtype/values of a synthesized input slot",
     "input_inference_failed": "no bounded shape probe produced a verified capture",
     "input_unresolved": "a real input of a kind no installed plugin resolves (e.g. a string)",
+    "preprocess_unavailable": "an image was given but no preprocessing for the model is known",
     "nongold_semantics_unavailable": "decoded semantics refused on a synthesized-input trace",
     "nongold_raw_value_read": "warning: first raw activation read on a synthesized-input trace",
     "semantics_unavailable": "the output has no decodable semantics (no plugin or labels)",
@@ -37,8 +38,13 @@ CODES: dict[str, str] = {
     "batchnorm_train_stats_mutated": "warning: a train-mode capture updated BatchNorm stats",
     "parameter_created_in_forward": "advisory: a parameter was created inside the forward",
     # plugins
+    "plugin_load_failed": "warning: an installed torchlens plugin failed to import and is skipped",
     "plugin_invalid": "a plugin's hook returned something malformed or clashes with another",
     "renderer_unavailable": "no renderer plugin is installed for drawing",
+    # drawings
+    "draw_option_invalid": "a drawing keyword is unknown or has a value it cannot take",
+    "graphviz_not_found": "Graphviz's dot program is not installed, so no PDF/SVG/PNG layout",
+    "render_failed": "a renderer could not turn the drawing source into the requested format",
 }
 
 
@@ -95,6 +101,7 @@ class TorchLensWarning(UserWarning):
         super().__init__(f"{code}: {message}")
 
 
-def warn(code: str, message: str, stacklevel: int = 3) -> None:
-    """Emit a TorchLensWarning whose message starts with ``code``."""
-    warnings.warn(TorchLensWarning(code, message), stacklevel=stacklevel)
+def warn(code: str, message: str, stacklevel: int = 2) -> None:
+    """Emit a TorchLensWarning whose message starts with ``code``; stacklevel counts from the
+    caller of ``warn`` (2 = that caller's caller)."""
+    warnings.warn(TorchLensWarning(code, message), stacklevel=stacklevel + 1)

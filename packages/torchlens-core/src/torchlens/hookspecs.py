@@ -22,6 +22,11 @@ def torchlens_describe_input(value):
     """JSON-safe provenance facts for one real input value (e.g. an image's size, mode, hash)."""
 
 
+@hookspec(firstresult=True)
+def torchlens_image_preprocess(model):
+    """The image preprocessing (a transform or an HF image processor) for ``model``, or None."""
+
+
 @hookspec
 def torchlens_input_recipe(model, slot):
     """Static dtype/value facts (an InputSpec) for one forward entry named ``slot``, or None."""

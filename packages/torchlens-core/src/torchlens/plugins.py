@@ -25,7 +25,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
                 pm = pluggy.PluginManager(PROJECT)
                 pm.add_hookspecs(hookspecs)
                 if not os.environ.get("TORCHLENS_DISABLE_PLUGINS"):
-                    pm.load_setuptools_entrypoints(PROJECT)
+                    _load_entry_points(pm)
                 pm.check_pending()
                 if os.environ.get("TORCHLENS_TRACE_HOOKS"):
                     pm.trace.root.setwriter(lambda s: sys.stderr.write(s))
@@ -34,28 +34,44 @@ def get_plugin_manager() -> pluggy.PluginManager:
     return _manager
 
 
+_dists: dict[str, tuple[str, str]] = {}
+
+
+def _load_entry_points(pm: pluggy.PluginManager) -> None:
+    """Register every ``torchlens`` entry point; a plugin that fails to import is skipped with a
+    warning instead of breaking the core."""
+    from .errors import warn
+
+    for ep in metadata.entry_points(group=PROJECT):
+        if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
+            continue
+        try:
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+        except Exception as exc:
+            warn("plugin_load_failed", f"the torchlens plugin {ep.name!r} ({ep.value}) failed to "
+                 f"load and is skipped: {type(exc).__name__}: {exc}", stacklevel=4)
+            continue
+        dist = ep.dist
+        _dists[ep.name] = (dist.metadata["Name"], dist.version) if dist else ("", "")
+
+
 def hook():
     """Shorthand for ``get_plugin_manager().hook``."""
     return get_plugin_manager().hook
 
 
 def list_plugins() -> list[dict[str, str]]:
-    """What is loaded: one row per plugin with its name, distribution and version."""
+    """What is loaded: one row per plugin with its name, module, distribution and version."""
     pm = get_plugin_manager()
-    dists = {id(plugin): dist for plugin, dist in pm.list_plugin_distinfo()}
     rows = []
     for name, plugin in pm.list_name_plugin():
         if plugin is None:
             continue
-        dist = dists.get(id(plugin))
-        rows.append(
-            {
-                "name": name,
-                "module": getattr(plugin, "__name__", type(plugin).__name__),
-                "distribution": dist.project_name if dist else "",
-                "version": dist.version if dist else "",
-            }
-        )
+        dist, version = _dists.get(name, ("", ""))
+        rows.append({"name": name,
+                     "module": getattr(plugin, "__name__", type(plugin).__name__),
+                     "distribution": dist, "version": version})
     return rows
 
 

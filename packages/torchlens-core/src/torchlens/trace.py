@@ -269,7 +269,7 @@ class Trace:
             f"this trace ran on {self.provenance.get('origin')} (synthesized) input values; "
             "activations are real measurements of a forward over random data. Pass a real input "
             "for data-meaningful values.",
-            stacklevel=4,
+            stacklevel=3,
         )
 
     def decode_output(self, k: int = 5, labels: Any = None):

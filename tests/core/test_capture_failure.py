@@ -1,0 +1,61 @@
+"""A forward that raises leaves nothing behind and says where it broke, with the partial trace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchlens as tl
+from torch import nn
+
+
+class Broken(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(5, 2)  # wrong width: fails on the second linear
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _no_hooks(model: nn.Module) -> bool:
+    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_error_names_the_op_and_carries_the_partial_trace():
+    model = Broken()
+    with pytest.raises(RuntimeError) as err:
+        tl.trace(model, torch.rand(2, 4))
+    exc = err.value
+    note = " ".join(getattr(exc, "__notes__", []))
+    assert "'linear'" in note and "'fc2'" in note and "[(2, 8)" in note
+    partial = exc.partial_trace
+    assert [op.label for op in partial] == ["input_1", "linear_1", "relu_1"]
+    assert partial.meta["partial"] is True
+    assert exc.torchlens_failure["module"] == "fc2"
+
+
+def test_nothing_left_behind_after_a_failed_forward():
+    model = Broken()
+    with pytest.raises(RuntimeError):
+        tl.trace(model, torch.rand(2, 4))
+    assert _no_hooks(model)
+    assert not torch._C._is_torch_function_mode_enabled()
+    model.fc2 = nn.Linear(8, 2)
+    with torch.no_grad():
+        plain = model(torch.ones(1, 4))
+    trace = tl.trace(model, torch.ones(1, 4))
+    assert torch.equal(trace.output, plain)
+    assert _no_hooks(model)
+
+
+def test_python_error_outside_a_torch_call():
+    class Raises(nn.Module):
+        def forward(self, x):
+            x = x + 1
+            raise ValueError("boom")
+
+    with pytest.raises(ValueError) as err:
+        tl.trace(Raises(), torch.rand(2))
+    assert "after op 'add_1'" in " ".join(err.value.__notes__)
+    assert len(err.value.partial_trace) == 2

@@ -1,0 +1,211 @@
+"""The capture engine records every torch-level op with its facts, edges, modules and costs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchlens as tl
+from torch import nn
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
+
+from tests.models.zoo import PURE_CASES
+
+
+class Mixed(nn.Module):
+    """Functional calls, tensor methods and operators, with a parameter used directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.w = nn.Parameter(torch.ones(3, 3))
+
+    def forward(self, x):
+        h = F.relu(self.fc(x))  # functional
+        h = h.sum(dim=0, keepdim=True) + h  # method + operator
+        return h @ self.w  # operator with a parameter
+
+
+def test_records_functional_method_and_operator_calls():
+    trace = tl.trace(Mixed(), torch.rand(2, 4))
+    funcs = [op.func for op in trace if op.kind == "op"]
+    assert funcs == ["linear", "relu", "sum", "add", "matmul"]
+    assert [op.kind for op in trace][0] == "input" and trace[-1].kind == "output"
+
+
+def test_per_op_facts():
+    model = Mixed()
+    trace = tl.trace(model, torch.rand(2, 4))
+    linear = trace["linear_1"]
+    assert linear.parents == ["input_1"] and linear.children == ["relu_1"]
+    assert linear.shape == [2, 3] and linear.dtype == "float32" and linear.device == "cpu"
+    assert linear.module == "fc" and linear.module_pass == 1 and linear.module_stack == ["fc:1"]
+    assert linear.params == ["fc.weight", "fc.bias"]
+    assert trace["matmul_1"].params == ["w"] and trace["matmul_1"].module == ""
+    assert all(op.time_ns > 0 for op in trace if op.kind == "op")
+    assert linear.nbytes == 2 * 3 * 4
+    assert trace["add_1"].parents == ["sum_1", "relu_1"]
+
+
+def test_flops_reuse_torch_formulas_and_unknown_is_none():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 5))
+    x = torch.rand(2, 3, 8, 8)
+    trace = tl.trace(model, x)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(x)
+    assert trace["conv2d_1"].flops + trace["linear_1"].flops == counter.get_total_flops()
+    assert trace["relu_1"].flops is None
+    assert trace.total_flops == counter.get_total_flops()
+
+
+def test_matmul_and_sdpa_flops_match_torch():
+    q = torch.rand(2, 4, 5, 8)
+
+    class MatMul(nn.Module):
+        def forward(self, x):
+            return x @ x.transpose(-1, -2)
+
+    class Attention(nn.Module):
+        def forward(self, x):
+            return F.scaled_dot_product_attention(x, x, x)
+
+    trace = tl.trace(MatMul(), q)
+    with FlopCounterMode(display=False) as counter:
+        MatMul()(q)
+    assert trace.total_flops == counter.get_total_flops() > 0
+    # On CPU torch's counter sees SDPA's math kernel, which it has no formula for; the trace
+    # applies torch's own sdpa formula to the call's shapes.
+    trace = tl.trace(Attention(), q)
+    expected = flop_counter.sdpa_flop_count([2, 4, 5, 8], [2, 4, 5, 8], [2, 4, 5, 8])
+    assert trace["scaled_dot_product_attention_1"].flops == expected > 0
+
+
+def test_save_modes():
+    model, x = PURE_CASES["cnn_bn"].build()
+    everything = tl.trace(model, x)
+    assert all(op.saved for op in everything)
+    metadata = tl.trace(model, x, save=None)
+    assert not any(op.saved for op in metadata)
+    with pytest.raises(tl.TorchLensError) as err:
+        _ = metadata["conv2d_1"].out
+    assert err.value.code == "activation_not_saved"
+    assert "tl.trace(model, x, save=['conv2d_1'])" in err.value.teach
+    picked = tl.trace(model, x, save=["conv2d_1", "fc"])
+    saved = {op.label for op in picked if op.saved}
+    assert saved == {"conv2d_1", "linear_1", "output_1"}
+    assert torch.equal(picked["conv2d_1"].out, everything["conv2d_1"].out)
+    assert torch.equal(picked["fc"].out, everything["linear_1"].out)
+
+
+def test_bad_save_selection_refuses_typed():
+    model, x = PURE_CASES["mlp"].build()
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.trace(model, x, save=3)
+    assert err.value.code == "save_selection_invalid"
+
+
+def test_inplace_ops_and_views_route_edges():
+    model, x = PURE_CASES["inplace"].build()
+    trace = tl.trace(model, x)
+    assert trace["relu__1"].inplace and trace["mul__1"].inplace
+    assert not trace["linear_1"].inplace
+    # v = x.view(-1); v.mul_(2); return x * 1: the read of x sees the in-place write via v.
+    assert trace["view_1"].is_view
+    assert trace["mul_1"].parents == ["mul__1"]
+    # the activation before an in-place op keeps its pre-mutation value
+    assert not torch.equal(trace["view_1"].out, trace["mul__1"].out)
+    assert torch.equal(trace["mul__1"].out, trace["view_1"].out * 2)
+
+
+def test_setitem_is_recorded_as_a_mutation():
+    class M(nn.Module):
+        def forward(self, x):
+            y = x * 1
+            y[:, 0] = 0.0
+            return y + 1
+
+    trace = tl.trace(M(), torch.rand(2, 3))
+    setitem = trace["setitem_1"]
+    assert setitem.inplace and setitem.parents == ["mul_1"]
+    assert trace["add_1"].parents == ["setitem_1"]
+    assert torch.all(trace["setitem_1"].out[:, 0] == 0)
+
+
+def test_pass_qualified_labels_for_repeated_modules():
+    model, x = PURE_CASES["recurrent"].build()
+    trace = tl.trace(model, x)
+    cell_ops = [op.label for op in trace if op.module == "cell"]
+    assert cell_ops[:3] == ["linear_2", "linear_2:2", "linear_2:3"]
+    assert trace["linear_2:1"] is trace["linear_2"]
+    assert trace["linear_2:3"].pass_num == 3 and trace["linear_2:3"].base_label == "linear_2"
+    cell = trace["cell"]
+    assert [c.pass_num for c in cell.calls] == [1, 2, 3]
+    assert trace["cell:2"].output_ops == ["linear_2:2"]
+
+
+def test_branches_and_concat():
+    model, x = PURE_CASES["branch_concat"].build()
+    trace = tl.trace(model, x)
+    cat = next(op for op in trace if op.func == "cat")
+    assert len(cat.parents) == 2
+    assert len(trace["input_1"].children) == 2
+
+
+def test_nested_outputs_rebuilt():
+    model, x = PURE_CASES["dict_output"].build()
+    trace = tl.trace(model, x)
+    with torch.no_grad():
+        expected = model(x)
+    out = trace.output
+    assert set(out) == set(expected)
+    assert isinstance(out["aux"], tuple) and torch.equal(out["aux"][1], expected["aux"][1])
+    assert [op.slot for op in trace.outputs][0] == "['logits']"
+
+
+def test_shared_parameters_counted_once():
+    model, x = PURE_CASES["tied_params"].build()
+    trace = tl.trace(model, x)
+    unique = sum(p.numel() for p in model.parameters())
+    assert trace.num_params == unique
+    shared = [name for name, info in trace.params.items() if info["aliases"]]
+    assert shared and len(trace.params[shared[0]]["used_by"]) == 2
+
+
+def test_multiple_positional_and_keyword_inputs():
+    model, (a, b) = PURE_CASES["multi_positional"].build()
+    trace = tl.trace(model, (a, b))
+    assert [op.slot for op in trace.inputs] == ["0", "1"]
+    model, kw = PURE_CASES["keyword_inputs"].build()
+    trace = tl.trace(model, kw)
+    assert [op.slot for op in trace.inputs] == list(kw)
+
+
+def test_import_changes_nothing_in_torch():
+    code = (
+        "import torch, torch.nn.functional as F\n"
+        "before = (F.relu, torch.add, torch.Tensor.__add__, torch.nn.Module.__call__)\n"
+        "import torchlens\n"
+        "after = (F.relu, torch.add, torch.Tensor.__add__, torch.nn.Module.__call__)\n"
+        "from torch.nn.modules import module as m\n"
+        "assert before == after\n"
+        "assert not torch._C._is_torch_function_mode_enabled()\n"
+        "assert not m._global_forward_hooks and not m._global_forward_pre_hooks\n"
+        "print('clean')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "clean", out.stderr
+
+
+def test_trace_inside_traced_forward_refuses():
+    class Inner(nn.Module):
+        def forward(self, x):
+            tl.trace(nn.Identity(), x)
+            return x
+
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.trace(Inner(), torch.rand(2))
+    assert err.value.code == "nested_trace"

@@ -1,0 +1,33 @@
+"""Every pure-torch zoo model: traced output == plain forward, stable labels, saved module outputs.
+
+The torchvision and Hugging Face zoo models run the same checks in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.models.zoo import PURE_CASES
+
+from .zoo_checks import (
+    check_labels_stable,
+    check_module_outputs_saved,
+    check_output_equals_plain_forward,
+)
+
+NAMES = sorted(PURE_CASES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_traced_output_equals_plain_forward(name):
+    check_output_equals_plain_forward(PURE_CASES[name])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_op_counts_and_labels_identical_across_traces(name):
+    check_labels_stable(PURE_CASES[name])
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if PURE_CASES[n].module_outputs])
+def test_saved_activations_equal_module_outputs(name):
+    check_module_outputs_saved(PURE_CASES[name])

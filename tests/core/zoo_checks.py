@@ -1,0 +1,78 @@
+"""Checks every zoo case must pass: output equality, stable labels, saved module outputs."""
+
+from __future__ import annotations
+
+import torch
+import torchlens as tl
+
+from tests.models import ZooCase, call_model
+
+# A plain eval/no-grad call of these runs one fused kernel per layer; any module hook or torch
+# function mode (so any capture) turns that fast path off, and the decomposed ops round differently.
+FUSED_WHEN_PLAIN = {"transformer_encoder"}
+
+
+def _flat(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict) or hasattr(value, "values") and callable(value.values):
+        return [t for v in value.values() for t in _flat(v)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flat(v)]
+    return []
+
+
+def check_output_equals_plain_forward(case: ZooCase) -> None:
+    model, x = case.build()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        expected = _flat(call_model(model, x))
+    model, x = case.build()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        trace = tl.trace(model, x)
+    got = _flat(trace.output)
+    assert len(got) == len(expected) > 0
+    for a, b in zip(got, expected):
+        if case.name in FUSED_WHEN_PLAIN:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(a, b)
+    assert [op.out.shape for op in trace.outputs] == [t.shape for t in expected]
+
+
+def check_labels_stable(case: ZooCase) -> None:
+    model, x = case.build()
+    torch.manual_seed(3)
+    first = tl.trace(model, x, save=None)
+    torch.manual_seed(3)
+    second = tl.trace(model, x, save=None)
+    assert [op.label for op in first] == [op.label for op in second]
+    assert [op.parents for op in first] == [op.parents for op in second]
+    assert len({op.label for op in first}) == len(first)
+
+
+def check_module_outputs_saved(case: ZooCase) -> None:
+    model, x = case.build()
+    seen: dict[str, list[torch.Tensor]] = {}
+    modules = dict(model.named_modules())
+    handles = [
+        modules[address].register_forward_hook(
+            lambda m, a, out, address=address: seen.setdefault(address, []).append(
+                out.detach().clone()))
+        for address in case.module_outputs
+    ]
+    torch.manual_seed(5)
+    try:
+        trace = tl.trace(model, x)
+    finally:
+        for h in handles:
+            h.remove()
+    for address in case.module_outputs:
+        module = trace[address]
+        assert len(module.calls) == len(seen[address])
+        for call, expected in zip(module.calls, seen[address]):
+            op = trace[call.output_ops[0]]
+            assert f"{address}:{call.pass_num}" in op.module_outputs
+            assert torch.equal(call.out, expected)
+            assert torch.equal(op.out, expected)
