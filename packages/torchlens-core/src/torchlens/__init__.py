@@ -10,10 +10,22 @@ __version__ = "0.1.0"
 
 from .errors import TorchLensError, TorchLensWarning  # noqa: E402
 from .hookspecs import hookimpl  # noqa: E402
+from .summary import Summary  # noqa: E402
 from .trace import Module, ModuleCall, Op, Trace  # noqa: E402
-from .verbs import load, trace  # noqa: E402
+from .verbs import load, summary, trace  # noqa: E402
 
 __all__ = [
     "Module", "ModuleCall", "Op", "Trace", "TorchLensError", "TorchLensWarning", "hookimpl",
-    "load", "trace",
+    "Summary", "load", "summary", "trace",
 ]
+
+
+def __getattr__(name: str):
+    """Lazy submodules: ``tl.debug`` and ``tl.types`` import on first use."""
+    if name in ("debug", "types"):
+        import importlib
+
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,8 +14,9 @@ from torch import nn
 from .capture.engine import capture, capturing, parse_save
 from .capture.policy import pending_lazy, pinned, state_hash
 from .errors import CaptureError, InputError, StateError, warn
-from .ladder import ABSENT, Resolution, resolve
+from .ladder import ABSENT, Resolution, declared_forward, resolve
 from .storage import load_trace
+from .summary import Summary
 from .trace import Trace
 
 LAZY_TEACH = [
@@ -106,13 +107,42 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
                 "policy": "eval + no-grad, the mode inference verified",
             }
     else:
-        result = capture(model, res.args, res.kwargs, save=save)
+        with declared_forward(res, "trace"):
+            result = capture(model, res.args, res.kwargs, save=save)
         _warn_bn_train(model)
     result.provenance = res.provenance
     result._objects = {"model": model, "labels": labels, **res.objects}
     if intervention_ready:
         result.meta["state_baseline"] = state_hash(model)
     return result
+
+
+def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, input_shape: Any,
+                 surface: str, options: dict) -> Trace:
+    """The pinned surfaces' capture: ONE metadata-only capture in eval + no-grad (on rung 3, the
+    verified probe itself), with provenance and receipt attached."""
+    res = resolve_for(
+        model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface=surface,
+        options=options,
+        probe=lambda a, k: pinned_capture(model, a, k, save=None, surface=surface))
+    result = res.verified
+    if result is None:
+        with declared_forward(res, surface):
+            result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface)
+    result.provenance = res.provenance
+    result._objects = {"model": model, **res.objects}
+    return result
+
+
+def summary(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
+            input_shape: Any = None, depth: int | None = 3, ops: bool = False,
+            tokenizer: Any = None, processor: Any = None, preprocess: Any = None) -> Summary:
+    """A module-tree table of ``model`` from ONE metadata-only capture pinned to eval + no-grad;
+    the model's modes, RNG and buffers are restored and verified (``summary.receipt``)."""
+    result = pinned_trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
+                          surface="summary",
+                          options=_options(tokenizer, processor, preprocess))
+    return Summary(result, depth=depth, ops=ops)
 
 
 def _warn_bn_train(model: nn.Module) -> None:

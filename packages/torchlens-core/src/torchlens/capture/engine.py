@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.parameter import is_lazy
 
 from .. import __version__ as _tl_version
 from ..errors import InputTypeError
@@ -60,6 +62,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     buffer_ids = {id(b): name for name, b in model.named_buffers()}
     state = CaptureState(param_ids, buffer_ids, save_all, save_labels)
     state.keep_outputs = save is not None and save is not False
+    state.model = model
     calls: list[dict] = []
     handles = _install_module_hooks(model, state, calls, save_modules)
     _add_inputs(state, args, kwargs)
@@ -91,10 +94,20 @@ def _install_module_hooks(model, state, calls, save_modules):
     frames = state.frames
 
     for address, module in model.named_modules():
+        if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+            # runs before the module's own initializing pre-hook; ``pre`` below ends the pause
+            def pause(mod, args):
+                state.suspended += 1
+                mod._torchlens_paused = True
+
+            handles.append(module.register_forward_pre_hook(pause, prepend=True))
         if not address:
             continue
 
         def pre(mod, args, address=address):
+            if getattr(mod, "_torchlens_paused", False):
+                state.suspended -= 1
+                del mod._torchlens_paused
             n = counts.get(address, 0) + 1
             counts[address] = n
             frames.append([address, n, {}, len(state.records), time.perf_counter_ns(), mod])
@@ -227,9 +240,14 @@ def _build(model, state, calls, structure, aliases, elapsed_ns, save, provenance
     for op in ops:
         for name in op.params + op.buffers:
             used_by.setdefault(name, []).append(op.label)
-    params, seen = {}, set()
+    params = {}
     for name, p in model.named_parameters():
-        seen.add(id(p))
+        if is_lazy(p):
+            params[name] = {"shape": None, "dtype": None, "device": None, "numel": 0,
+                            "nbytes": 0, "trainable": bool(p.requires_grad),
+                            "module": name.rpartition(".")[0], "aliases": [], "used_by": [],
+                            "lazy": True}
+            continue
         shape, dtype, device = tensor_facts(p)
         params[name] = {
             "shape": list(shape), "dtype": dtype, "device": device, "numel": p.numel(),
@@ -239,6 +257,8 @@ def _build(model, state, calls, structure, aliases, elapsed_ns, save, provenance
         }
     buffers = {}
     for name, b in model.named_buffers():
+        if is_lazy(b):
+            continue
         shape, dtype, device = tensor_facts(b)
         buffers[name] = {
             "shape": list(shape), "dtype": dtype, "device": device, "numel": b.numel(),
@@ -275,7 +295,8 @@ def _build(model, state, calls, structure, aliases, elapsed_ns, save, provenance
         "root_params": recursive.get("", 0),
     }
     return Trace(ops, modules, params, buffers, structure or {"type": "value", "repr": None},
-                 meta, provenance=provenance)
+                 meta, provenance=provenance,
+                 annotations={"capture_advisories": list(state.advisories)})
 
 
 def _attach_failure(exc: BaseException, state: CaptureState, partial: Trace) -> None:

@@ -18,6 +18,8 @@ from .flops import FORMULAS, flops_of
 from .naming import func_name
 
 Tensor = torch.Tensor
+Parameter = torch.nn.Parameter
+UninitializedTensorMixin = torch.nn.parameter.UninitializedTensorMixin
 _ref = weakref.ref
 
 # Calls that never return a tensor and never mutate: skipped before any bookkeeping.
@@ -53,6 +55,9 @@ class CaptureState:
         self.sites: dict[tuple, str] = {}
         self.name_counts: dict[str, int] = {}
         self.failure: dict[str, Any] | None = None
+        self.model: Any = None
+        self.suspended = 0  # > 0 while a lazy module initializes its parameters
+        self.advisories: list[dict[str, Any]] = []
 
     # -- identity ------------------------------------------------------------------------------
     def register(self, t: Tensor, index: int) -> None:
@@ -68,6 +73,19 @@ class CaptureState:
             if writer is not None and writer > index:
                 return writer
         return index
+
+    def adopt_parameter(self, p: Tensor) -> str | None:
+        """Register a parameter the forward created (e.g. a lazy module built inside forward)."""
+        for name, candidate in self.model.named_parameters():
+            if candidate is p:
+                self.param_ids[id(p)] = name
+                self.advisories.append({
+                    "code": "parameter_created_in_forward", "parameter": name,
+                    "module": name.rpartition(".")[0], "shape": list(p.shape),
+                    "in_module_call": self.frames[-1][0],
+                })
+                return name
+        return None
 
     # -- labels --------------------------------------------------------------------------------
     def label_for(self, name: str) -> tuple[str, str, int, str, int]:
@@ -127,7 +145,7 @@ class Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        if func in _PASSTHROUGH:
+        if func in _PASSTHROUGH or self.state.suspended:
             return func(*args, **kwargs)
         first = args[0] if args else None
         version_before = first._version if isinstance(first, Tensor) else None
@@ -184,8 +202,15 @@ class Recorder(TorchFunctionMode):
                 buffers.append(b)
                 continue
             index = s.producer(t)
-            if index is not None and index not in parents:
-                parents.append(index)
+            if index is not None:
+                if index not in parents:
+                    parents.append(index)
+            elif isinstance(t, Parameter) and s.model is not None:
+                if isinstance(t, UninitializedTensorMixin):
+                    return  # a lazy module materializing itself: not an op of the model
+                adopted = s.adopt_parameter(t)
+                if adopted is not None:
+                    params.append(adopted)
         main = out_tensors[0]
         inplace = (
             version_before is not None and main is first and first._version != version_before

@@ -1,0 +1,233 @@
+"""tl.summary's result: a module-tree table with shapes, parameters, FLOPs/MACs and measured time,
+the totals, the input provenance at the top and the state receipt at the bottom."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from .trace import Trace
+
+COLUMNS = ("layer", "type", "output_shape", "params", "params_pct", "flops", "macs", "time_ms")
+HEADERS = ("Layer (type)", "Output shape", "Params", "% params", "FLOPs", "MACs", "Time (ms)")
+
+
+def _human(n: float | None, unit: str = "") -> str:
+    if n is None:
+        return "--"
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{suffix}{unit}"
+    return f"{n:g}{unit}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _shape_text(shapes: list[list[int]]) -> str:
+    if not shapes:
+        return "--"
+    text = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes[:2])
+    return text + (", ..." if len(shapes) > 2 else "")
+
+
+def describe_provenance(prov: dict[str, Any]) -> str:
+    """One line saying where the input came from."""
+    origin = prov.get("origin", "gold")
+    slots = prov.get("slots") or []
+    parts = []
+    for s in slots[:4]:
+        shape = "x".join(map(str, s.get("shape", []))) if s.get("shape") else s.get("kind", "?")
+        parts.append(f"{s.get('slot')}: {shape} {s.get('dtype') or ''} ({s.get('recipe')})"
+                     .replace("  ", " "))
+    what = "; ".join(parts) or "no tensors"
+    if origin == "gold":
+        resolver = prov.get("resolver") or {}
+        via = f" via {resolver.get('plugin')}" if resolver.get("plugin") else ""
+        return f"Input: gold (your real input{via}) - {what}"
+    if origin == "declared":
+        return f"Input: declared (input_shape=, synthesized seed-0 values) - {what}"
+    probes = len(prov.get("probe_diary") or [])
+    return f"Input: inferred ({probes} probe(s), synthesized seed-0 values) - {what}"
+
+
+class Summary:
+    """The module tree of one metadata-only, pinned capture, with totals and a receipt."""
+
+    def __init__(self, trace: Trace, depth: int | None = 3, ops: bool = False):
+        self.trace = trace
+        self.depth = depth
+        self.provenance = trace.provenance
+        self.receipt = trace.receipt
+        self.rows = self._rows(ops)
+        self.totals = self._totals()
+
+    # ---- building --------------------------------------------------------------------------
+    def _rows(self, with_ops: bool) -> list[dict[str, Any]]:
+        trace, depth = self.trace, self.depth
+        total = trace.num_params or 1
+        direct: dict[str, int] = {}
+        tied: dict[str, int] = {}
+        for info in trace.params.values():
+            direct[info["module"]] = direct.get(info["module"], 0) + info["numel"]
+            for alias in info["aliases"]:
+                owner = alias.rpartition(".")[0]
+                tied[owner] = tied.get(owner, 0) + info["numel"]
+        flops_of = {op.label: op.flops for op in trace.ops}
+        shapes_of = {op.label: op.out_shapes for op in trace.ops}
+        calls = [c for m in trace.modules.values() for c in m.calls]
+        calls.sort(key=lambda c: trace[c.ops[0]].index if c.ops else 10**9)
+        expanded = {a for a, m in trace.modules.items()
+                    if depth is None or m.depth < depth}
+        has_children = {a.rpartition(".")[0] for a in trace.modules if "." in a}
+        rows = []
+        emitted: set[str] = set()
+        for call in calls:
+            module = trace.modules[call.address]
+            if depth is not None and module.depth > depth:
+                continue
+            rows.extend(self._uncalled_parents(call.address, emitted))
+            emitted.add(call.address)
+            shown_children = call.address in expanded and call.address in has_children
+            params = module.num_params if not shown_children else direct.get(call.address, 0)
+            known = [flops_of[o] for o in call.ops if flops_of[o] is not None]
+            flops = sum(known) if known else None
+            rows.append({
+                "layer": call.address + (f":{call.pass_num}" if len(module.calls) > 1 else ""),
+                "type": module.type, "depth": module.depth,
+                "output_shape": [s for o in call.output_ops for s in shapes_of[o]],
+                "params": params if call.pass_num == 1 else 0,
+                "params_pct": 100.0 * module.num_params / total if call.pass_num == 1 else 0.0,
+                "recursive_params": module.num_params, "expanded": shown_children,
+                "tied_params": tied.get(call.address, 0),
+                "flops": flops, "macs": flops // 2 if flops is not None else None,
+                "time_ms": call.time_ns / 1e6, "pass_num": call.pass_num,
+            })
+            if with_ops:
+                rows.extend(self._op_rows(call, module.depth + 1, flops_of))
+        return rows
+
+    def _uncalled_parents(self, address: str, emitted: set[str]) -> list[dict[str, Any]]:
+        """Rows for containers that never run themselves (ModuleList, ModuleDict)."""
+        rows, parts = [], address.split(".")
+        for k in range(1, len(parts)):
+            parent = ".".join(parts[:k])
+            module = self.trace.modules.get(parent)
+            if module is None or module.calls or parent in emitted:
+                continue
+            emitted.add(parent)
+            total = self.trace.num_params or 1
+            rows.append({"layer": parent, "type": module.type, "depth": module.depth,
+                         "output_shape": [], "params": 0, "params_pct": 100.0 *
+                         module.num_params / total, "recursive_params": module.num_params,
+                         "expanded": True, "tied_params": 0, "flops": None, "macs": None,
+                         "time_ms": None, "pass_num": 1})
+        return rows
+
+    def _op_rows(self, call, depth, flops_of) -> list[dict[str, Any]]:
+        out = []
+        for label in call.ops:
+            op = self.trace[label]
+            if op.module != call.address or op.module_pass != call.pass_num:
+                continue
+            flops = flops_of[label]
+            out.append({"layer": label, "type": op.func, "depth": depth,
+                        "output_shape": op.out_shapes, "params": 0, "params_pct": 0.0,
+                        "recursive_params": 0, "tied_params": 0, "flops": flops,
+                        "macs": flops // 2 if flops is not None else None,
+                        "time_ms": op.time_ns / 1e6, "pass_num": op.pass_num, "op": True})
+        return out
+
+    def _totals(self) -> dict[str, Any]:
+        trace = self.trace
+        params = trace.params.values()
+        total = sum(p["numel"] for p in params)
+        trainable = sum(p["numel"] for p in params if p["trainable"])
+        flops = trace.total_flops
+        input_bytes = sum(op.nbytes for op in trace.inputs)
+        activation_bytes = sum(op.nbytes for op in trace.ops if op.kind == "op")
+        param_bytes = sum(p["nbytes"] for p in params)
+        buffer_bytes = sum(b["nbytes"] for b in trace.buffers.values())
+        return {
+            "total_params": total, "trainable_params": trainable,
+            "frozen_params": total - trainable,
+            "shared_params": sum(len(p["aliases"]) for p in params),
+            "buffers": sum(b["numel"] for b in trace.buffers.values()),
+            "param_bytes": param_bytes, "buffer_bytes": buffer_bytes,
+            "flops": flops, "macs": flops // 2 if flops is not None else None,
+            "input_bytes": input_bytes, "activation_bytes": activation_bytes,
+            "estimated_total_bytes": input_bytes + activation_bytes + param_bytes + buffer_bytes,
+            "ops": sum(op.kind == "op" for op in trace.ops),
+            "time_ms": sum(op.time_ns for op in trace.ops) / 1e6,
+        }
+
+    # ---- text ----------------------------------------------------------------------------------
+    def _cells(self, row: dict[str, Any]) -> list[str]:
+        indent = "  " * (row["depth"] - 1) + ("· " if row.get("op") else "")
+        if row.get("op") or row["pass_num"] > 1 or (row.get("expanded") and not row["params"]):
+            params = "--"
+        else:
+            params = f"{row['params']:,}"
+        if row.get("tied_params"):
+            params = f"{row['tied_params']:,} tied" if params in ("--", "0") else \
+                f"{params} +{row['tied_params']:,} tied"
+        pct = "--" if row.get("op") or row["pass_num"] > 1 else f"{row['params_pct']:.1f}%"
+        time_ms = "--" if row["time_ms"] is None else f"{row['time_ms']:.3f}"
+        return [f"{indent}{row['layer']} ({row['type']})", _shape_text(row["output_shape"]),
+                params, pct, _human(row["flops"]), _human(row["macs"]), time_ms]
+
+    def __str__(self) -> str:
+        cells = [list(HEADERS)] + [self._cells(r) for r in self.rows]
+        widths = [max(len(c[i]) for c in cells) for i in range(len(HEADERS))]
+        rule = "=" * (sum(widths) + 2 * (len(widths) - 1))
+
+        def line(c):
+            first = c[0].ljust(widths[0])
+            return "  ".join([first] + [v.rjust(w) for v, w in zip(c[1:], widths[1:])])
+
+        t = self.totals
+        lines = [f"{self.trace.meta.get('model_class', 'Model')} summary",
+                 describe_provenance(self.provenance), rule, line(cells[0]), rule]
+        lines += [line(c) for c in cells[1:]]
+        lines += [rule,
+                  f"Total params: {t['total_params']:,} (shared counted once)",
+                  f"Trainable params: {t['trainable_params']:,}",
+                  f"Non-trainable params: {t['frozen_params']:,}",
+                  f"Buffers: {t['buffers']:,} ({_mb(t['buffer_bytes'])})",
+                  f"FLOPs: {_human(t['flops'])}  Mult-adds: {_human(t['macs'])}",
+                  f"Input size: {_mb(t['input_bytes'])}",
+                  f"Forward activations: {_mb(t['activation_bytes'])}",
+                  f"Params size: {_mb(t['param_bytes'])}",
+                  f"Estimated total size: {_mb(t['estimated_total_bytes'])}",
+                  f"Ops: {t['ops']:,}  Measured op time: {t['time_ms']:.2f} ms", rule]
+        lines.append(self._receipt_line())
+        return "\n".join(lines)
+
+    def _receipt_line(self) -> str:
+        r = self.receipt
+        if r is None:
+            return "State: not pinned (no receipt)"
+        state = "restored and verified" if r.verified else "NOT verified"
+        extra = ""
+        if r.materialized:
+            extra = "; lazy parameters materialized: " + ", ".join(
+                f"{k} {v}" for k, v in r.materialized.items())
+        return f"State: eval + no-grad, {state} (state hash {r.hash_after[:12]}){extra}"
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        head = "".join(f"<th>{esc(h)}</th>" for h in HEADERS)
+        body = "".join(
+            "<tr>" + "".join(
+                f"<td style='text-align:{'left' if i == 0 else 'right'}'>{esc(c)}</td>"
+                for i, c in enumerate(self._cells(r))) + "</tr>" for r in self.rows)
+        t = self.totals
+        return (f"<div><p><b>{esc(describe_provenance(self.provenance))}</b></p>"
+                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                f"<p>Total params: {t['total_params']:,} · trainable {t['trainable_params']:,}"
+                f" · FLOPs {_human(t['flops'])} · activations {_mb(t['activation_bytes'])}</p>"
+                f"<p>{esc(self._receipt_line())}</p></div>")

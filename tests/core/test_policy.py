@@ -1,0 +1,128 @@
+"""The execution policy: pinned surfaces restore and verify; tl.trace keeps the caller's modes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torchlens as tl
+from torch import nn
+from torchlens.capture.policy import pinned, state_hash
+
+
+class TrainNet(nn.Module):
+    def __init__(self, fail: bool = False):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.drop = nn.Dropout(0.5)
+        self.fail = fail
+
+    def forward(self, x):
+        h = self.drop(self.bn(self.fc(x)))
+        if self.fail:
+            raise RuntimeError("boom")
+        return h
+
+
+def _buffers(model):
+    return {k: v.clone() for k, v in model.named_buffers()}
+
+
+def _same_buffers(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_summary_restores_train_mode_buffers_and_rng(fail):
+    torch.manual_seed(0)
+    model = TrainNet(fail).train()
+    model.drop.eval()  # a mixed-mode model comes back mixed
+    x = torch.rand(3, 4)
+    buffers, rng, h0 = _buffers(model), torch.get_rng_state(), state_hash(model)
+    if fail:
+        with pytest.raises(RuntimeError):
+            tl.summary(model, x)
+    else:
+        s = tl.summary(model, x)
+        assert s.receipt.verified and s.receipt.hash_before == s.receipt.hash_after == h0
+        assert s.receipt.pinned["mode"] == "eval" and "rng state" in s.receipt.restored
+    assert model.training and model.fc.training and model.bn.training
+    assert not model.drop.training
+    assert _same_buffers(buffers, _buffers(model))
+    assert torch.equal(rng, torch.get_rng_state())
+    assert state_hash(model) == h0
+
+
+def test_pinned_runs_eval_and_no_grad():
+    model = TrainNet().train()
+    seen = {}
+
+    def hook(module, args, out):
+        seen["training"] = module.training
+        seen["grad"] = torch.is_grad_enabled()
+
+    model.bn.register_forward_hook(hook)
+    tl.summary(model, torch.rand(3, 4))
+    assert seen == {"training": False, "grad": False}
+
+
+def test_state_restore_failed_on_a_parameter_write():
+    class Writes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2))
+
+        def forward(self, x):
+            self.w.data.add_(1.0)
+            return x * self.w
+
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.summary(Writes(), torch.rand(2))
+    assert err.value.code == "state_restore_failed"
+
+
+def test_trace_keeps_train_mode_and_really_updates_batchnorm():
+    model = TrainNet().train()
+    before = model.bn.running_mean.clone()
+    tl.trace(model, torch.rand(8, 4) + 3.0)
+    assert model.training
+    assert not torch.equal(before, model.bn.running_mean)
+    assert model.bn.num_batches_tracked.item() == 1
+
+
+def test_batchnorm_warning_once_per_process_names_eval():
+    code = (
+        "import warnings, torch, torchlens as tl\n"
+        "from torch import nn\n"
+        "m = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)).train()\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    tl.trace(m, torch.rand(4, 3)); tl.trace(m, torch.rand(4, 3))\n"
+        "    tl.trace(nn.Sequential(nn.BatchNorm1d(3)).train(), torch.rand(4, 3))\n"
+        "codes = [x.message.code for x in w if hasattr(x.message, 'code')]\n"
+        "print(codes.count('batchnorm_train_stats_mutated'))\n"
+        "print(str(w[0].message))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "1", out.stderr
+    assert lines[1].startswith("batchnorm_train_stats_mutated") and "model.eval()" in lines[1]
+
+
+def test_eval_trace_does_not_warn():
+    import warnings
+
+    model = TrainNet().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tl.trace(model, torch.rand(2, 4))
+
+
+def test_pinned_context_reports_receipt_even_on_error():
+    model = TrainNet().train()
+    with pytest.raises(ValueError), pinned(model, "test") as box:
+        raise ValueError("x")
+    assert box["receipt"].verified and model.training
