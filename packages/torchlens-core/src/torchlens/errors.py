@@ -17,6 +17,7 @@ CODES: dict[str, str] = {
     "input_inference_failed": "no bounded shape probe produced a verified capture",
     "input_unresolved": "a real input of a kind no installed plugin resolves (e.g. a string)",
     "preprocess_unavailable": "an image was given but no preprocessing for the model is known",
+    "preprocess_failed": "the image preprocessing raised or returned no usable tensor",
     "nongold_semantics_unavailable": "decoded semantics refused on a synthesized-input trace",
     "nongold_raw_value_read": "warning: first raw activation read on a synthesized-input trace",
     "semantics_unavailable": "the output has no decodable semantics (no plugin or labels)",
@@ -41,6 +42,12 @@ CODES: dict[str, str] = {
     "plugin_load_failed": "warning: an installed torchlens plugin failed to import and is skipped",
     "plugin_invalid": "a plugin's hook returned something malformed or clashes with another",
     "renderer_unavailable": "no renderer plugin is installed for drawing",
+    # torchlens-hf
+    "tokenizer_unavailable": "text for an HF model, but no tokenizer passed, attached or on disk",
+    "processor_unavailable": "a modality dict for an HF model, but no processor was found",
+    "tokenizer_model_mismatch": "the tokenizer produced ids the model's embedding cannot hold",
+    "tokenizer_padding_unavailable": "a batch of prompts needs padding, but there is no pad token",
+    "input_modality_missing": "a multimodal model (e.g. CLIP) got only some of its modalities",
     # drawings
     "draw_option_invalid": "a drawing keyword is unknown or has a value it cannot take",
     "graphviz_not_found": "Graphviz's dot program is not installed, so no PDF/SVG/PNG layout",

@@ -58,11 +58,20 @@ def decode(trace, k: int = 5, labels: Any = None) -> DecodedOutput:
             "stay available", code="nongold_semantics_unavailable",
             teach=["tl.trace(model, x)  # with your real input, then trace.decode_output()"])
     labels = labels if labels is not None else trace._objects.get("labels")
+    meta = getattr(labels, "meta", None)  # a torchvision weights enum carries its categories
+    if isinstance(meta, Mapping) and "categories" in meta:
+        labels = meta["categories"]
     if labels is None:
         decoded = hook().torchlens_decode_output(trace=trace, k=k)
         if decoded is not None:
             return decoded
     logits = main_output(trace)
+    if labels is not None and logits is None:
+        raise TorchLensError(
+            "labels= were given but the output's values were not saved in this trace",
+            code="semantics_unavailable",
+            teach=["tl.trace(model, x, save='all')  # keep the output, then "
+                   "trace.output_table(k=5, labels=[...])"])
     if labels is None or logits is None:
         raise TorchLensError(
             "this output has no known semantics (no plugin decodes it and no labels= were given)",

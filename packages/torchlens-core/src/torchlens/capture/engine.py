@@ -19,7 +19,7 @@ from torch.nn.parameter import is_lazy
 from .. import __version__ as _tl_version
 from ..errors import InputTypeError
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace, tensor_facts
-from .recorder import CaptureState, Recorder, snapshot
+from .recorder import CaptureState, LightRecorder, Recorder, snapshot
 
 _active = threading.local()
 
@@ -50,8 +50,12 @@ def parse_save(save: Any, model: nn.Module) -> tuple[bool, set[str], set[str]]:
 
 
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
-            provenance: dict | None = None) -> Trace:
-    """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace."""
+            provenance: dict | None = None, replay: bool = False) -> Trace:
+    """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace.
+
+    ``replay=True`` also keeps each op's call template and live output (for validation) in
+    ``trace._replay`` — memory-hungry, never saved.
+    """
     save_all, save_labels, save_modules = parse_save(save, model)
     param_ids: dict[int, str] = {}
     aliases: dict[str, list[str]] = {}
@@ -63,6 +67,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     state = CaptureState(param_ids, buffer_ids, save_all, save_labels)
     state.keep_outputs = save is not None and save is not False
     state.model = model
+    if replay:
+        state.calls, state.live = {}, {}
     calls: list[dict] = []
     handles = _install_module_hooks(model, state, calls, save_modules)
     _add_inputs(state, args, kwargs)
@@ -84,8 +90,34 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     _active.depth -= 1
     for h in handles:
         h.remove()
-    return _build(model, state, calls, structure, aliases, time.perf_counter_ns() - t0, save,
-                  provenance)
+    result = _build(model, state, calls, structure, aliases, time.perf_counter_ns() - t0, save,
+                    provenance)
+    if replay:
+        result._replay = {"calls": state.calls, "live": state.live, "output": out,
+                          "grads": state.grads, "versions": state.versions}
+    return result
+
+
+def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str]
+                     ) -> dict[str, Any]:
+    """A light capture: only labels are computed and only the selected activations copied.
+
+    Labels match a full trace's; module addresses give the module's output (``addr:2`` for a
+    later pass). Returns ``{label or address: tensor}``.
+    """
+    _, save_labels, save_modules = parse_save(list(save), model)
+    state = CaptureState({}, {}, False, save_labels)
+    state.light = {}
+    handles = _install_module_hooks(model, state, [], save_modules)
+    _active.depth = getattr(_active, "depth", 0) + 1
+    try:
+        with LightRecorder(state):
+            model(*args, **kwargs)
+    finally:
+        _active.depth -= 1
+        for h in handles:
+            h.remove()
+    return state.light
 
 
 def _install_module_hooks(model, state, calls, save_modules):
@@ -121,6 +153,11 @@ def _install_module_hooks(model, state, calls, save_modules):
                 return
             found: list = []
             _leaves(output, found)
+            if state.light is not None:
+                if address in save_modules and found:
+                    key = address if frame[1] == 1 else f"{address}:{frame[1]}"
+                    state.light[key] = snapshot(found[0] if len(found) == 1 else found)
+                return
             outs = []
             for t in found:
                 index = state.producer(t)

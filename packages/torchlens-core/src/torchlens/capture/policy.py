@@ -73,8 +73,9 @@ def pending_lazy(model: nn.Module) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def pinned(model: nn.Module, surface: str) -> Iterator[dict[str, Any]]:
-    """Run the body in eval + no-grad with forked RNG; restore and verify afterwards.
+def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[str, Any]]:
+    """Run the body in eval + no-grad (grad stays on when ``grad``) with forked RNG; restore and
+    verify afterwards.
 
     Yields a dict that receives ``receipt`` (a Receipt) when the block exits, also on error.
     """
@@ -87,7 +88,7 @@ def pinned(model: nn.Module, surface: str) -> Iterator[dict[str, Any]]:
     devices = list(range(torch.cuda.device_count())) if cuda else []
     error: BaseException | None = None
     try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad):
             model.eval()
             try:
                 yield box
@@ -96,7 +97,7 @@ def pinned(model: nn.Module, surface: str) -> Iterator[dict[str, Any]]:
                     module.training = flag
                 with torch.no_grad():
                     for live, saved in buffers:
-                        if live.shape == saved.shape:
+                        if live.shape == saved.shape and not torch.equal(live, saved):
                             live.copy_(saved)
     except BaseException as exc:
         error = exc
@@ -110,7 +111,7 @@ def pinned(model: nn.Module, surface: str) -> Iterator[dict[str, Any]]:
         after = state_hash(model, skip=set(materialized))
         receipt = Receipt(
             hash_before=before, hash_after=after, verified=before == after,
-            pinned={"mode": "eval", "grad": "disabled", "surface": surface,
+            pinned={"mode": "eval", "grad": "enabled" if grad else "disabled", "surface": surface,
                     "rng": "forked (cpu" + (", cuda" if devices else "") + ")"},
             restored=["training flags", "rng state", "buffers"],
             materialized=materialized,

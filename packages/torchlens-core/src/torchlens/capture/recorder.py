@@ -8,6 +8,7 @@ base to the writing op). Only top-level calls are seen: inside the handler the m
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from time import perf_counter_ns
 from typing import Any
 
@@ -57,11 +58,40 @@ class CaptureState:
         self.failure: dict[str, Any] | None = None
         self.model: Any = None
         self.suspended = 0  # > 0 while a lazy module initializes its parameters
+        self.light: dict[str, Any] | None = None  # selected values of a light capture
+        self.calls: dict[int, tuple] | None = None  # replay templates, when asked for
+        self.live: dict[int, Any] | None = None  # the real output tensors, when asked for
+        self.grads: dict[tuple[int, int], Any] = {}  # output gradients seen by tensor hooks
+        self.versions: dict[tuple[int, int], int] = {}  # output versions right after each op
         self.advisories: list[dict[str, Any]] = []
 
     # -- identity ------------------------------------------------------------------------------
-    def register(self, t: Tensor, index: int) -> None:
-        self.tensors[id(t)] = (index, _ref(t), t._version)
+    def register(self, t: Tensor, index: int, position: int = 0) -> None:
+        self.tensors[id(t)] = (index, _ref(t), t._version, position)
+
+    def template(self, value: Any, depth: int = 0) -> Any:
+        """``value`` with every tensor replaced by a reference (op output, param, buffer) or a
+        copied constant, so the call can be replayed from saved values."""
+        if isinstance(value, Tensor):
+            key = id(value)
+            if key in self.param_ids:
+                return ("param", self.param_ids[key])
+            if key in self.buffer_ids:
+                return ("buffer", self.buffer_ids[key])
+            index = self.producer(value)
+            if index is not None:
+                entry = self.tensors[key]
+                if entry[0] == index:
+                    return ("op", index, entry[3])
+                # written in place through another view: replay reads the writer's value
+                return ("op", index, 0, tuple(value.shape))
+            return ("const", value.detach().clone())
+        if isinstance(value, (tuple, list)) and depth < 3:
+            return type(value)(self.template(v, depth + 1) for v in value) if not hasattr(
+                value, "_fields") else value
+        if isinstance(value, dict) and depth < 3:
+            return {k: self.template(v, depth + 1) for k, v in value.items()}
+        return value
 
     def producer(self, t: Tensor) -> int | None:
         entry = self.tensors.get(id(t))
@@ -106,6 +136,10 @@ class CaptureState:
 
     def module_stack(self) -> tuple[str, ...]:
         return tuple(f"{f[0]}:{f[1]}" for f in self.frames[1:])
+
+
+def _keep_grad(store: dict, key: tuple[int, int], grad: Tensor) -> None:
+    store[key] = grad
 
 
 def _storage_key(t: Tensor) -> int:
@@ -230,11 +264,19 @@ class Recorder(TorchFunctionMode):
             "is_view": main._is_view() and not inplace,
             "flops": flops_of(name, args, kwargs, out) if name in FORMULAS else None,
         }
+        if s.calls is not None:
+            s.calls[index] = (func, s.template(args), s.template(kwargs))
+        if s.live is not None:
+            s.live[index] = out if len(out_tensors) > 1 else main
+            for position, t in enumerate(out_tensors):
+                s.versions[(index, position)] = t._version
+                if t.requires_grad:
+                    t.register_hook(partial(_keep_grad, s.grads, (index, position)))
         s.records.append(rec)
         if s.save_all or label in s.save_labels or base in s.save_labels:
             s.values[index] = snapshot(out if len(out_tensors) > 1 else main)
-        for t in out_tensors:
-            s.register(t, index)
+        for position, t in enumerate(out_tensors):
+            s.register(t, index, position)
         if inplace:
             s.mutations[_storage_key(first)] = index
 
@@ -251,3 +293,37 @@ class Recorder(TorchFunctionMode):
             "func": func_name(func), "module": frame[0], "module_pass": frame[1],
             "input_shapes": shapes, "after_op": len(s.records),
         }
+
+
+class LightRecorder(TorchFunctionMode):
+    """Labels every call exactly like Recorder but keeps only the selected activations."""
+
+    def __init__(self, state: CaptureState):
+        super().__init__()
+        self.state = state
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        s = self.state
+        if func in _PASSTHROUGH or s.suspended:
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if func is _SETITEM:
+            value = args[0]
+        elif isinstance(out, Tensor):
+            value = out
+        elif isinstance(out, (tuple, list)):
+            tensors = [o for o in out if isinstance(o, Tensor)]
+            if not tensors:
+                return out
+            value = out if len(tensors) > 1 else tensors[0]
+        else:
+            return out
+        for a in args:
+            if isinstance(a, UninitializedTensorMixin):
+                return out
+        label, base = s.label_for(func_name(func))[:2]
+        if label in s.save_labels or base in s.save_labels:
+            s.light[label] = snapshot(value)
+        return out

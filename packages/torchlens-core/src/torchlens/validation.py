@@ -1,0 +1,265 @@
+"""Validate a capture against the model: replay every op from its saved parents (forward), and
+back-propagate through the recorded graph alone and compare with autograd (backward).
+
+Both run pinned (eval, restored state); a mismatch means the recorded graph is missing an edge,
+a parameter or a constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .capture.engine import capture
+from .capture.policy import pinned
+from .errors import TorchLensError
+from .ladder import ABSENT
+
+# Ops whose values are random or uninitialized by design: replay cannot reproduce them. Dropout
+# is not among them: validation runs pinned to eval, where it is the identity.
+RANDOM_FUNCS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal",
+                "normal_", "uniform_", "bernoulli", "bernoulli_", "multinomial", "randperm",
+                "rrelu", "empty", "empty_like", "exponential_", "geometric_", "cauchy_",
+                "log_normal_", "random_"}
+
+
+@dataclass
+class ValidationReport:
+    """Per-op outcomes of a validation run, with the worst error."""
+
+    kind: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r["status"] != "failed" for r in self.rows)
+
+    @property
+    def failed(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["status"] == "failed"]
+
+    @property
+    def worst(self) -> dict[str, Any] | None:
+        checked = [r for r in self.rows if r["max_abs_err"] is not None]
+        return max(checked, key=lambda r: r["max_abs_err"]) if checked else None
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        counts = {s: sum(r["status"] == s for r in self.rows) for s in ("passed", "failed",
+                                                                          "skipped")}
+        worst = self.worst
+        tail = f", worst {worst['label']} {worst['max_abs_err']:.3g}" if worst else ""
+        return (f"<{self.kind} validation: {'PASSED' if self.passed else 'FAILED'} "
+                f"({counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} "
+                f"skipped{tail})>")
+
+
+def _resolve(template: Any, trace, model: nn.Module, values: dict[int, Any]) -> Any:
+    if isinstance(template, tuple) and len(template) in (2, 3, 4) and isinstance(template[0],
+                                                                                 str):
+        kind = template[0]
+        if kind == "op":
+            value = values[template[1]]
+            value = value[template[2]] if isinstance(value, tuple) else value
+            return value.reshape(template[3]) if len(template) == 4 else value
+        if kind == "param":
+            return model.get_parameter(template[1])
+        if kind == "buffer":
+            return model.get_buffer(template[1])
+        if kind == "const":
+            return template[1]
+    if isinstance(template, (tuple, list)):
+        return type(template)(_resolve(t, trace, model, values) for t in template)
+    if isinstance(template, dict):
+        return {k: _resolve(v, trace, model, values) for k, v in template.items()}
+    return template
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    if not (a.is_floating_point() or a.is_complex()):
+        return 0.0 if torch.equal(a, b) else float("inf")
+    return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
+
+
+def _capture(model, x, input_shape, surface, grad):
+    from .verbs import resolve_for
+
+    res = resolve_for(model, x, input_kwargs=None, input_shape=input_shape, surface=surface,
+                      options={}, probe=None)
+    with pinned(model, surface, grad=grad):
+        result = capture(model, res.args, res.kwargs, save="all", replay=True)
+    result.provenance = res.provenance
+    return result
+
+
+def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: Any = None,
+                          rtol: float = 1e-5, atol: float = 1e-6) -> ValidationReport:
+    """Replay every op from its saved parents and compare with its saved output."""
+    trace = _capture(model, x, input_shape, "validation", grad=False)
+    calls = trace._replay["calls"]
+    saved = {op.index: op._value for op in trace.ops if op.saved}
+    report = ValidationReport("forward")
+    with torch.no_grad():
+        for op in trace.ops:
+            if op.kind != "op":
+                continue
+            if op.func in RANDOM_FUNCS:
+                report.rows.append({"label": op.label, "status": "skipped",
+                                    "reason": "nondeterministic", "max_abs_err": None})
+                continue
+            func, args, kwargs = calls[op.index]
+            args = _resolve(args, trace, model, saved)
+            kwargs = _resolve(kwargs, trace, model, saved)
+            if op.inplace and args and isinstance(args[0], torch.Tensor):
+                args = (args[0].clone(), *args[1:])
+            out = func(*args, **kwargs)
+            if out is None:  # __setitem__ mutates its first argument
+                out = args[0]
+            got, expected = _tensors(out), _tensors(op._value)
+            errs = [_err(g, e) for g, e in zip(got, expected)]
+            worst = max(errs) if errs else 0.0
+            ok = len(got) == len(expected) and all(
+                g.shape == e.shape and (torch.equal(g, e) or (g.is_floating_point() and
+                                        torch.allclose(g, e, rtol=rtol, atol=atol)))
+                for g, e in zip(got, expected))
+            report.rows.append({"label": op.label, "status": "passed" if ok else "failed",
+                                "reason": None if ok else "replayed value differs",
+                                "max_abs_err": worst})
+    return report
+
+
+def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: Any = None,
+                           rtol: float = 1e-4, atol: float = 1e-6) -> ValidationReport:
+    """Back-propagate through the recorded graph op by op and compare every op's output
+    gradient with ``torch.autograd.grad`` on the live forward."""
+    trace = _capture(model, x, input_shape, "validation", grad=True)
+    live, calls = trace._replay["live"], trace._replay["calls"]
+    outputs = [t for t in _flat(trace._replay["output"]) if t.requires_grad
+               and (t.is_floating_point() or t.is_complex())]
+    if not outputs:
+        raise TorchLensError(
+            f"{type(model).__name__}'s output has no differentiable tensor (nothing requires "
+            "grad), so there is no backward pass to validate", code="no_differentiable_output",
+            teach=["model.requires_grad_(True)  # if its parameters were frozen",
+                   "tl.validation.validate_forward_pass(model, x)"])
+    loss = sum(t.float().sum() for t in outputs)
+    targets = [(op, pos, t) for op in trace.ops if op.kind == "op"
+               for pos, t in enumerate(_tensors(live.get(op.index))) if t.requires_grad]
+    leaves = [p for p in model.parameters() if p.requires_grad]  # run the whole graph
+    try:
+        computed = torch.autograd.grad(loss, [t for _, _, t in targets] + leaves,
+                                       allow_unused=True, retain_graph=True)[: len(targets)]
+    except RuntimeError:  # the model's own backward breaks (an in-place write it needs)
+        computed = torch.autograd.grad(loss, [t for _, _, t in targets], allow_unused=True)
+    # a tensor hook sees the gradient of the value as the op produced it, also when a later
+    # in-place op rebased the tensor; plain autograd.grad only sees the final version
+    hooked = trace._replay["grads"]
+    reference = [hooked.get((op.index, pos), g) for (op, pos, _), g in zip(targets, computed)]
+    ours = _graph_grads(trace, calls, model, live, outputs)
+    report = ValidationReport("backward")
+    versions = trace._replay["versions"]
+    for (op, pos, t), ref in zip(targets, reference):
+        got = ours.get((op.index, pos))
+        label = op.label if pos == 0 else f"{op.label}[{pos}]"
+        if op.inplace and t._is_view():
+            report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
+                                "reason": "in-place write through a view: autograd rebases the "
+                                          "view onto its base"})
+            continue
+        if (op.index, pos) not in hooked and t._version != versions[(op.index, pos)]:
+            report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
+                                "reason": "written in place later; autograd keeps no gradient "
+                                          "for the value this op produced"})
+            continue
+        if ref is None and got is None:
+            report.rows.append({"label": label, "status": "skipped",
+                                "reason": "no gradient reaches it", "max_abs_err": None})
+            continue
+        ref = torch.zeros_like(t) if ref is None else ref
+        got = torch.zeros_like(ref) if got is None else got.to(ref.dtype)
+        ok = got.shape == ref.shape and torch.allclose(got, ref, rtol=rtol, atol=atol)
+        report.rows.append({"label": label, "status": "passed" if ok else "failed",
+                            "reason": None if ok else "gradient differs from autograd",
+                            "max_abs_err": _err(got, ref)})
+    return report
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if hasattr(value, "values") and callable(value.values):
+        return [t for v in value.values() for t in _flat(v)]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flat(v)]
+    return []
+
+
+def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], torch.Tensor]:
+    """Gradients of sum(outputs) w.r.t. every op output using only the recorded graph: each op
+    is replayed on detached copies of its parents' saved values and its vector-Jacobian product
+    is sent along the recorded edges."""
+    saved = {op.index: op._value for op in trace.ops if op.saved}
+    where = {id(t): (i, pos) for i, v in live.items() for pos, t in enumerate(_tensors(v))}
+    grads: dict[tuple[int, int], torch.Tensor] = {}
+    for t in outputs:
+        key = where.get(id(t))
+        if key is not None:
+            grads[key] = grads.get(key, 0) + torch.ones_like(t)
+    for op in reversed([o for o in trace.ops if o.kind == "op"]):
+        wanted = {pos: g for (i, pos), g in grads.items() if i == op.index}
+        if not wanted or op.func in RANDOM_FUNCS:
+            continue
+        func, args_t, kwargs_t = calls[op.index]
+        leaves: dict[tuple[int, int], torch.Tensor] = {}
+        parents: dict[int, Any] = {}
+        for i in _op_refs(args_t) | _op_refs(kwargs_t):
+            values = _tensors(saved[i])
+            made = []
+            for pos, v in enumerate(values):
+                leaf = v.detach().requires_grad_(v.is_floating_point() or v.is_complex())
+                leaves[(i, pos)] = leaf
+                made.append(leaf)
+            parents[i] = tuple(made) if isinstance(saved[i], tuple) else made[0]
+        with torch.enable_grad():
+            args = _resolve(args_t, trace, model, parents)
+            kwargs = _resolve(kwargs_t, trace, model, parents)
+            if op.inplace and args and isinstance(args[0], torch.Tensor):
+                args = (args[0].clone(), *args[1:])
+            out = func(*args, **kwargs)
+            outs = _tensors(args[0] if out is None else out)
+            pairs = [(outs[pos], g) for pos, g in wanted.items()
+                     if pos < len(outs) and outs[pos].requires_grad]
+            inputs = [(k, t) for k, t in leaves.items() if t.requires_grad]
+            if not pairs or not inputs:
+                continue
+            got = torch.autograd.grad([o for o, _ in pairs], [t for _, t in inputs],
+                                      [g.to(o.dtype) for o, g in pairs], allow_unused=True)
+        for (key, _), g in zip(inputs, got):
+            if g is not None:
+                grads[key] = grads.get(key, 0) + g
+    return grads
+
+
+def _op_refs(template: Any) -> set[int]:
+    if isinstance(template, tuple) and len(template) in (3, 4) and template[0] == "op":
+        return {template[1]}
+    if isinstance(template, (tuple, list)):
+        return set().union(*(_op_refs(t) for t in template)) if template else set()
+    if isinstance(template, dict):
+        return set().union(*(_op_refs(t) for t in template.values())) if template else set()
+    return set()
