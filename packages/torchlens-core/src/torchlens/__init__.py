@@ -10,19 +10,21 @@ __version__ = "0.1.0"
 
 from .errors import TorchLensError, TorchLensWarning  # noqa: E402
 from .hookspecs import hookimpl  # noqa: E402
+from .recording import record  # noqa: E402
 from .summary import Summary  # noqa: E402
 from .trace import Module, ModuleCall, Op, Trace  # noqa: E402
-from .verbs import load, summary, trace  # noqa: E402
+from .verbs import draw, load, summary, trace  # noqa: E402
 
 __all__ = [
     "Module", "ModuleCall", "Op", "Trace", "TorchLensError", "TorchLensWarning", "hookimpl",
-    "Summary", "load", "summary", "trace",
+    "Summary", "draw", "load", "record", "summary", "trace",
 ]
+SUBMODULES = ("debug", "types", "viz", "recording", "validation", "plugins", "errors")
 
 
 def __getattr__(name: str):
-    """Lazy submodules: ``tl.debug`` and ``tl.types`` import on first use."""
-    if name in ("debug", "types"):
+    """Lazy submodules (``tl.debug``, ``tl.viz``, ...) import on first use."""
+    if name in SUBMODULES:
         import importlib
 
         module = importlib.import_module(f".{name}", __name__)

@@ -26,6 +26,8 @@ CODES: dict[str, str] = {
     "forward_failed": "the model's forward raised during capture; the partial trace rides on it",
     "save_selection_invalid": "save= named labels or modules that do not exist",
     "model_invalid": "the model argument is not a torch.nn.Module",
+    "model_unavailable": "trace.run on a trace that holds no model (e.g. a loaded one)",
+    "no_differentiable_output": "validate_backward_pass on a model whose output needs no grad",
     # Trace access
     "key_not_found": "no op, pass or module matches the lookup key",
     "activation_not_saved": "op.out read on an op whose activation was not selected by save=",

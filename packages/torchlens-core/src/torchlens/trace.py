@@ -228,6 +228,8 @@ class Trace:
     @property
     def output(self) -> Any:
         """The model's output rebuilt from the saved output tensors (mappings become dicts)."""
+        if any(op.saved for op in self.outputs):
+            self._on_value_read()
         return _rebuild(self.output_structure, self)
 
     # ---- tables ------------------------------------------------------------------------------
@@ -258,19 +260,62 @@ class Trace:
 
     # ---- values and files ---------------------------------------------------------------------
     def _on_value_read(self) -> None:
-        """Called on every ``op.out`` read; the input ladder warns here for synthesized inputs."""
+        """Called on every raw value read; the input ladder warns here for synthesized inputs.
+
+        Once per trace object: the warning bypasses the per-line registry, so two traces read on
+        one line warn twice, and the filter ``message="nongold_raw_value_read"`` still applies.
+        """
         if self._value_read_warned or self.provenance.get("origin", "gold") == "gold":
             return
         self._value_read_warned = True
-        from .errors import warn
+        import sys
+        import warnings
 
-        warn(
-            "nongold_raw_value_read",
-            f"this trace ran on {self.provenance.get('origin')} (synthesized) input values; "
-            "activations are real measurements of a forward over random data. Pass a real input "
-            "for data-meaningful values.",
-            stacklevel=3,
-        )
+        from .errors import TorchLensWarning
+
+        frame = sys._getframe(1)
+        while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+            frame = frame.f_back  # the first frame outside trace.py: the caller's read
+        warnings.warn_explicit(
+            TorchLensWarning(
+                "nongold_raw_value_read",
+                f"this trace ran on {self.provenance.get('origin')} (synthesized) input values; "
+                "activations are real measurements of a forward over random data. Pass a real "
+                "input for data-meaningful values."),
+            TorchLensWarning, frame.f_code.co_filename, frame.f_lineno,
+            module=frame.f_globals.get("__name__"), registry=None,
+            module_globals=frame.f_globals)
+
+    def run(self, input: Any, /, *, input_kwargs: dict | None = None, **options: Any) -> Trace:
+        """Trace the same model again on a new real input with this trace's capture options.
+
+        On an ``intervention_ready`` trace the model's state is checked against the baseline
+        first; a changed model refuses ``state_changed`` naming what changed.
+        """
+        from .capture.policy import state_fingerprints
+        from .errors import StateError
+        from .verbs import trace as trace_verb
+
+        model = self._objects.get("model")
+        if model is None:
+            raise TorchLensError(
+                "this trace holds no model (it was loaded from a file)", code="model_unavailable",
+                teach=["tl.trace(model, x)  # trace the model itself"])
+        baseline = self.meta.get("state_baseline")
+        if baseline:
+            now = state_fingerprints(model)
+            changed = sorted(k for k in set(now) | set(baseline["tensors"])
+                             if now.get(k) != baseline["tensors"].get(k))
+            if changed:
+                raise StateError(
+                    f"the model changed since this intervention-ready trace: {changed[:5]}"
+                    + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""),
+                    code="state_changed",
+                    teach=["tl.trace(model, x, intervention_ready=True)  # a new baseline"])
+        saved = self.meta.get("options", {})
+        return trace_verb(model, input, input_kwargs=input_kwargs,
+                          save=saved.get("save", "all"),
+                          intervention_ready=bool(saved.get("intervention_ready")), **options)
 
     def decode_output(self, k: int = 5, labels: Any = None):
         """The output's meaning (next token, class label) for a gold trace; refuses otherwise."""

@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from .capture.engine import capture, capturing, parse_save
-from .capture.policy import pending_lazy, pinned, state_hash
+from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash
 from .errors import CaptureError, InputError, StateError, warn
 from .ladder import ABSENT, Resolution, declared_forward, resolve
 from .storage import load_trace
@@ -113,7 +113,10 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     result.provenance = res.provenance
     result._objects = {"model": model, "labels": labels, **res.objects}
     if intervention_ready:
-        result.meta["state_baseline"] = state_hash(model)
+        prints = state_fingerprints(model)
+        result.meta["state_baseline"] = {"digest": state_hash(model, fingerprints=prints),
+                                         "tensors": prints}
+    result.meta["options"] = {"save": save, "intervention_ready": intervention_ready}
     return result
 
 
@@ -143,6 +146,24 @@ def summary(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | No
                           surface="summary",
                           options=_options(tokenizer, processor, preprocess))
     return Summary(result, depth=depth, ops=ops)
+
+
+def draw(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
+         input_shape: Any = None, theme: str = "light", collapse: str | int = "auto",
+         module: str | None = None, depth: int | None = None, path: Any = None,
+         file_format: str | None = None, open_viewer: bool = False, tokenizer: Any = None,
+         processor: Any = None, preprocess: Any = None, **passthrough: Any):
+    """The one-call picture: ONE metadata-only capture pinned to eval + no-grad (state restored
+    and verified, ``result.receipt``), rendered with ``collapse="auto"``. Returns a detached
+    ``tl.viz.Drawing``; every other keyword passes through to ``Trace.draw``."""
+    from .viz import render_drawing, validate_options
+
+    dials = dict(theme=theme, collapse=collapse, module=module, depth=depth, path=path,
+                 file_format=file_format, open_viewer=open_viewer, **passthrough)
+    validate_options(**dict(dials))  # refuse a bad dial before any forward runs
+    result = pinned_trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
+                          surface="draw", options=_options(tokenizer, processor, preprocess))
+    return render_drawing(result, receipt=result.receipt, **dials)
 
 
 def _warn_bn_train(model: nn.Module) -> None:

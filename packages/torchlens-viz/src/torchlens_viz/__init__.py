@@ -1,3 +1,3 @@
-"""torchlens-viz: a TorchLens plugin package (entry-point group `torchlens`)."""
+"""torchlens-viz: the Graphviz renderer for TorchLens drawings (entry-point group `torchlens`)."""
 
 __version__ = "0.1.0"

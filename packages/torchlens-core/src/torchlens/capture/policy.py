@@ -42,16 +42,21 @@ class Receipt:
         return f"<Receipt {state}: state {self.hash_after[:12]}{extra}>"
 
 
-def state_hash(model: nn.Module, skip: set[str] = frozenset()) -> str:
-    """A digest of every parameter's and buffer's bytes (pending lazy tensors are skipped)."""
-    digest = hashlib.sha256()
+def state_fingerprints(model: nn.Module, skip: set[str] = frozenset()) -> dict[str, str]:
+    """Per parameter and buffer: ``shape|dtype|crc32`` of its bytes (pending lazy ones skipped)."""
     tensors = list(model.named_parameters(remove_duplicate=False))
     tensors += list(model.named_buffers(remove_duplicate=False))
-    for name, t in tensors:
-        if name in skip or is_lazy(t):
-            continue
-        digest.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
-        digest.update(_crc(t).to_bytes(4, "little"))
+    return {name: f"{tuple(t.shape)}|{t.dtype}|{_crc(t):08x}" for name, t in tensors
+            if name not in skip and not is_lazy(t)}
+
+
+def state_hash(model: nn.Module, skip: set[str] = frozenset(),
+               fingerprints: dict[str, str] | None = None) -> str:
+    """A digest of every parameter's and buffer's bytes (pending lazy tensors are skipped)."""
+    prints = fingerprints if fingerprints is not None else state_fingerprints(model, skip)
+    digest = hashlib.sha256()
+    for name, value in prints.items():
+        digest.update(f"{name}|{value}\n".encode())
     return digest.hexdigest()
 
 
