@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torchlens as tl
 from torch import nn
+
+import torchlens as tl
 
 
 class Broken(nn.Module):

@@ -8,11 +8,11 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-import torchlens as tl
 from torch import nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
+import torchlens as tl
 from tests.models.zoo import PURE_CASES
 
 

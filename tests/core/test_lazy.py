@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torchlens as tl
 from torch import nn
 from torch.nn.parameter import is_lazy
+
+import torchlens as tl
 
 
 def lazy_net():

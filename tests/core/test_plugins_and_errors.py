@@ -7,8 +7,9 @@ import warnings
 import pluggy
 import pytest
 import torch
-import torchlens as tl
 from torch import nn
+
+import torchlens as tl
 from torchlens import hookspecs
 from torchlens.errors import CODES, TorchLensError, TorchLensWarning, warn
 from torchlens.plugins import get_plugin_manager, list_plugins

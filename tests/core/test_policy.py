@@ -7,8 +7,9 @@ import sys
 
 import pytest
 import torch
-import torchlens as tl
 from torch import nn
+
+import torchlens as tl
 from torchlens.capture.policy import pinned, state_hash
 
 

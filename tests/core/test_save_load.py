@@ -8,8 +8,8 @@ import pickle
 
 import pytest
 import torch
-import torchlens as tl
 
+import torchlens as tl
 from tests.models.zoo import PURE_CASES
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torchlens as tl
 from torch import nn
 
+import torchlens as tl
 from tests.models.zoo import PURE_CASES
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torchlens as tl
 
+import torchlens as tl
 from tests.models.zoo import PURE_CASES
 
 

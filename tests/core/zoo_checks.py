@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torchlens as tl
 
+import torchlens as tl
 from tests.models import ZooCase, call_model
 
 # A plain eval/no-grad call of these runs one fused kernel per layer; any module hook or torch

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torchinfo
-import torchlens as tl
 
+import torchlens as tl
 from tests.models import CASES
 
 

@@ -42,6 +42,11 @@ def torchlens_refusal_teach(model):
     """Better next steps to show first when shape inference refuses (a list of strings)."""
 
 
+@hookspec(firstresult=True)
+def torchlens_load_model(path):
+    """Load a model from a local folder for the command line (e.g. a Hugging Face model folder)."""
+
+
 @hookspec
 def torchlens_renderers():
     """Rendering backends: a mapping of renderer name to a renderer class."""

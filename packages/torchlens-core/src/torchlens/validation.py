@@ -96,11 +96,11 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
 
 
-def _capture(model, x, input_shape, surface, grad):
+def _capture(model, x, input_shape, surface, grad, options):
     from .verbs import resolve_for
 
     res = resolve_for(model, x, input_kwargs=None, input_shape=input_shape, surface=surface,
-                      options={}, probe=None)
+                      options=options, probe=None)
     with pinned(model, surface, grad=grad):
         result = capture(model, res.args, res.kwargs, save="all", replay=True)
     result.provenance = res.provenance
@@ -108,9 +108,11 @@ def _capture(model, x, input_shape, surface, grad):
 
 
 def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: Any = None,
-                          rtol: float = 1e-5, atol: float = 1e-6) -> ValidationReport:
-    """Replay every op from its saved parents and compare with its saved output."""
-    trace = _capture(model, x, input_shape, "validation", grad=False)
+                          rtol: float = 1e-5, atol: float = 1e-6,
+                          **resolve_options: Any) -> ValidationReport:
+    """Replay every op from its saved parents and compare with its saved output.
+    ``resolve_options`` (tokenizer=, processor=, preprocess=) reach the input resolver."""
+    trace = _capture(model, x, input_shape, "validation", False, resolve_options)
     calls = trace._replay["calls"]
     saved = {op.index: op._value for op in trace.ops if op.saved}
     report = ValidationReport("forward")
@@ -144,10 +146,11 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
 
 
 def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: Any = None,
-                           rtol: float = 1e-4, atol: float = 1e-6) -> ValidationReport:
+                           rtol: float = 1e-4, atol: float = 1e-6,
+                           **resolve_options: Any) -> ValidationReport:
     """Back-propagate through the recorded graph op by op and compare every op's output
     gradient with ``torch.autograd.grad`` on the live forward."""
-    trace = _capture(model, x, input_shape, "validation", grad=True)
+    trace = _capture(model, x, input_shape, "validation", True, resolve_options)
     live, calls = trace._replay["live"], trace._replay["calls"]
     outputs = [t for t in _flat(trace._replay["output"]) if t.requires_grad
                and (t.is_floating_point() or t.is_complex())]

@@ -1,3 +1,52 @@
-"""Hook implementations of torchlens-hf, registered through the `torchlens` entry point."""
+"""Hook implementations of torchlens-hf, registered through the `torchlens` entry point.
+
+Each hook delegates to the module that owns its concern; all return None for non-HF models.
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from torchlens import hookimpl
+from torchlens.types import DecodedOutput, InputSpec, ResolvedInput
+
+from . import decode, models, recipes, resolve
+
+
+@hookimpl
+def torchlens_resolve_input(model: nn.Module, value: Any, surface: str,
+                            options: dict[str, Any]) -> ResolvedInput | None:
+    """A prompt string, a batch of them, a BatchEncoding or a modality dict for an HF model."""
+    return resolve.resolve_input(model, value, surface, options or {})
+
+
+@hookimpl
+def torchlens_input_recipe(model: nn.Module, slot: dict[str, Any]) -> InputSpec | None:
+    """Ids below the vocab, masks of ones, token types of zeros, pixels in the model's dtype."""
+    return recipes.input_recipe(model, slot)
+
+
+@hookimpl
+def torchlens_shape_candidates(model: nn.Module) -> list[dict[str, tuple]] | None:
+    """Mapping-form shapes from the config (sequence length, image size, decoder inputs)."""
+    return recipes.shape_candidates(model)
+
+
+@hookimpl
+def torchlens_refusal_teach(model: nn.Module) -> list[str] | None:
+    """For HF models, a real prompt string first."""
+    return recipes.refusal_teach(model)
+
+
+@hookimpl
+def torchlens_decode_output(trace, k: int) -> DecodedOutput | None:
+    """Next token, labels or mask fills for a gold trace of an HF model."""
+    return decode.decode_output(trace, k)
+
+
+@hookimpl
+def torchlens_load_model(path: str) -> nn.Module | None:
+    """A local Hugging Face model folder (``config.json``) for the command line, offline."""
+    return models.load_folder(path)

@@ -1,0 +1,186 @@
+"""The ``torchlens`` command line: summary, draw, show and plugins.
+
+Exit codes: 0 success, 2 bad usage, 3 a TorchLens refusal (its code and teach are printed),
+4 the model target could not be loaded, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_TARGET = 0, 1, 2, 3, 4
+
+
+class TargetError(Exception):
+    """The model target could not be imported or built."""
+
+
+def parse_shapes(values: list[str] | None) -> Any:
+    """``1,3,224,224`` -> one shape; repeated -> several positionals; ``name=1,16`` -> mapping."""
+    if not values:
+        return None
+
+    def dims(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(d) for d in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--input-shape {text!r}: dimensions must be "
+                                             "integers, e.g. 1,3,224,224") from None
+
+    if any("=" in v for v in values):
+        if not all("=" in v for v in values):
+            raise argparse.ArgumentTypeError("--input-shape: use name=dims for every input or "
+                                             "for none")
+        return {k.strip(): dims(v) for k, v in (item.split("=", 1) for item in values)}
+    shapes = [dims(v) for v in values]
+    return shapes[0] if len(shapes) == 1 else shapes
+
+
+def load_target(target: str):
+    """``pkg.module:factory`` (a Module, a Module class or a callable returning one), or a
+    folder a plugin can load (e.g. a Hugging Face model folder with torchlens-hf)."""
+    from torch import nn
+
+    from .plugins import hook
+
+    if os.path.isdir(target):
+        model = hook().torchlens_load_model(path=target)
+        if model is None:
+            raise TargetError(f"{target} is a folder, but no installed plugin loads it (a Hugging "
+                              "Face model folder needs: pip install torchlens-hf)")
+        return model
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise TargetError(f"{target!r}: expected pkg.module:factory or a model folder")
+    sys.path.insert(0, os.getcwd())
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise TargetError(f"cannot import {target!r}: {exc}") from exc
+    finally:
+        sys.path.pop(0)
+    model = obj if isinstance(obj, nn.Module) else obj()
+    if not isinstance(model, nn.Module):
+        raise TargetError(f"{target!r} gave a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _input(args) -> tuple[Any, dict]:
+    from .ladder import ABSENT
+
+    shape = parse_shapes(args.input_shape)
+    text = getattr(args, "text", None)
+    if text is not None and shape is not None:
+        raise argparse.ArgumentTypeError("--text and --input-shape are exclusive (one rung)")
+    return (text if text is not None else ABSENT), {"input_shape": shape}
+
+
+def _summary(args) -> int:
+    import torchlens as tl
+
+    model = load_target(args.target)
+    value, kw = _input(args)
+    print(tl.summary(model, value, depth=args.depth, ops=args.ops, **kw))
+    return EXIT_OK
+
+
+def _draw(args) -> int:
+    import torchlens as tl
+
+    model = load_target(args.target)
+    value, kw = _input(args)
+    drawing = tl.draw(model, value, path=args.output, collapse=_collapse(args.collapse),
+                      theme=args.theme, **kw)
+    if args.output is None:
+        print(drawing)
+    return EXIT_OK
+
+
+def _collapse(text: str) -> Any:
+    return int(text) if text.isdigit() else text
+
+
+def _show(args) -> int:
+    import torchlens as tl
+
+    from .summary import describe_provenance
+
+    trace = tl.load(args.file)
+    print(trace)
+    print(describe_provenance(trace.provenance))
+    width = max((len(op.label) for op in trace), default=5)
+    for op in trace.ops[: args.limit]:
+        shape = "x".join(map(str, op.shape)) if op.shape else "-"
+        print(f"{op.label:<{width}}  {op.func:<24} {shape:<20} {op.module or ''}")
+    if len(trace) > args.limit:
+        print(f"... {len(trace) - args.limit} more (use --limit)")
+    return EXIT_OK
+
+
+def _plugins(args) -> int:
+    from .plugins import core_version, list_plugins
+
+    print(f"torchlens-core {core_version()}")
+    for row in list_plugins():
+        print(f"{row['name']:<10} {row['distribution']} {row['version']}  ({row['module']})")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchlens", description="See inside a PyTorch model.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_input(p):
+        p.add_argument("target", help="pkg.module:factory, or a model folder a plugin loads")
+        p.add_argument("--input-shape", action="append", metavar="DIMS",
+                       help="1,3,224,224; repeat for several inputs; name=1,16 for keywords")
+        p.add_argument("--text", help="a real prompt for a Hugging Face model (torchlens-hf)")
+
+    p = sub.add_parser("summary", help="print the module table of one pinned capture")
+    with_input(p)
+    p.add_argument("--depth", type=int, default=3)
+    p.add_argument("--ops", action="store_true", help="also list ops under their modules")
+    p.set_defaults(run=_summary)
+    p = sub.add_parser("draw", help="draw the graph (collapse=auto)")
+    with_input(p)
+    p.add_argument("-o", "--output", help="file to write (format from the suffix)")
+    p.add_argument("--collapse", default="auto", help="auto, none, modules or a depth")
+    p.add_argument("--theme", default="light", choices=["light", "dark", "print"])
+    p.set_defaults(run=_draw)
+    p = sub.add_parser("show", help="describe a saved trace file")
+    p.add_argument("file")
+    p.add_argument("--limit", type=int, default=40)
+    p.set_defaults(run=_show)
+    p = sub.add_parser("plugins", help="list installed plugins")
+    p.set_defaults(run=_plugins)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import TorchLensError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except argparse.ArgumentTypeError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"torchlens: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TargetError as exc:
+        print(f"torchlens: cannot load the model: {exc}", file=sys.stderr)
+        return EXIT_TARGET
+    except TorchLensError as exc:
+        print(f"torchlens: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except Exception as exc:  # the model's own failure: say what, not a bare traceback
+        print(f"torchlens: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""trace.run, tl.record, tl.recording.dry_run and validation: the other surfaces of issue 8."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from tests.models.zoo import PURE_CASES
+
+
+def test_run_reuses_capture_options_on_a_new_real_input():
+    model, x = PURE_CASES["recurrent"].build()
+    first = tl.trace(model, x, save=["linear_2"])
+    again = first.run(x * 2)
+    assert again is not first and again.provenance["origin"] == "gold"
+    assert {op.label for op in again if op.saved} == {op.label for op in first if op.saved}
+    with torch.no_grad():
+        assert torch.allclose(again.output, model(x * 2))
+
+
+def test_run_checks_the_state_baseline():
+    model, x = PURE_CASES["mlp"].build()
+    trace = tl.trace(model, x, intervention_ready=True)
+    assert trace.run(x).meta["state_baseline"]["digest"] == trace.meta["state_baseline"]["digest"]
+    with torch.no_grad():
+        model[0].bias.add_(1.0)
+    with pytest.raises(tl.TorchLensError) as err:
+        trace.run(x)
+    assert err.value.code == "state_changed" and "0.bias" in err.value.message
+    assert "intervention_ready=True" in err.value.teach[0]
+
+
+def test_run_on_a_loaded_trace_refuses(tmp_path):
+    model, x = PURE_CASES["mlp"].build()
+    tl.trace(model, x).save(tmp_path / "t.tl")
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.load(tmp_path / "t.tl").run(x)
+    assert err.value.code == "model_unavailable"
+
+
+def test_record_one_input_and_an_iterable():
+    model, x = PURE_CASES["recurrent"].build()
+    full = tl.trace(model, x)
+    single = tl.record(model, x, save=["linear_2", "readout"], progress=False)
+    assert len(single) == 1 and torch.equal(single["linear_2"], full["linear_2"].out)
+    assert torch.equal(single["readout"], full["readout"].out)
+    batches = [x, x * 2, x * 3]
+    rec = tl.record(model, batches, save=["cell"], progress=False)
+    assert rec["cell"].shape[0] == 3 * x.shape[0]
+    third = tl.trace(model, x * 3)
+    assert torch.equal(rec["cell:3"][4:], third["cell:3"].out)
+
+
+def test_record_spills_to_disk_and_reads_back(tmp_path):
+    model, x = PURE_CASES["cnn_bn"].build()
+    inputs = [x, x + 1]
+    spilled = tl.record(model, inputs, save=["conv2d_1"], spill_dir=tmp_path, progress=False)
+    memory = tl.record(model, inputs, save=["conv2d_1"], progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["batch-000000.pt", "batch-000001.pt"]
+    assert spilled._batches is None
+    assert torch.equal(spilled["conv2d_1"], memory["conv2d_1"])
+
+
+def test_record_progress_bar_switch(capsys):
+    model, x = PURE_CASES["mlp"].build()
+    tl.record(model, [x, x], save=["linear_1"], progress=True)
+    assert "tl.record" in capsys.readouterr().err
+    tl.record(model, [x, x], save=["linear_1"], progress=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_record_refuses_unknown_selection():
+    model, x = PURE_CASES["mlp"].build()
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.record(model, x, save=["nope_1"], progress=False)
+    assert err.value.code == "save_selection_invalid"
+
+
+def test_dry_run_lists_what_would_be_recorded_without_values():
+    model, x = PURE_CASES["recurrent"].build()
+    calls = []
+    model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    rows = tl.recording.dry_run(model, x, save=["linear_2", "readout"])
+    assert len(calls) == 1
+    assert [r["label"] for r in rows] == ["linear_2", "linear_2:2", "linear_2:3", "linear_3"]
+    assert all(r["bytes"] == 4 * torch.Size(r["shape"]).numel() for r in rows)
+
+
+@pytest.mark.parametrize("name", sorted(PURE_CASES))
+def test_forward_validation_passes_on_every_zoo_model(name):
+    model, x = PURE_CASES[name].build()
+    report = tl.validation.validate_forward_pass(model, x)
+    assert report.passed, report.failed[:3]
+    assert any(r["status"] == "passed" for r in report.rows)
+
+
+@pytest.mark.parametrize("name", sorted(PURE_CASES))
+def test_backward_validation_passes_on_every_zoo_model(name):
+    model, x = PURE_CASES[name].build()
+    report = tl.validation.validate_backward_pass(model, x)
+    assert report.passed, report.failed[:3]
+    assert report.worst is None or report.worst["max_abs_err"] < 1e-4
+
+
+def test_validation_catches_a_broken_graph(monkeypatch):
+    from torchlens import validation
+    from torchlens.capture import recorder
+
+    model, x = PURE_CASES["residual"].build()
+    real = recorder.CaptureState.template
+
+    def drop_edges(self, value, depth=0):  # forget which op produced a tensor
+        out = real(self, value, depth)
+        if isinstance(out, tuple) and len(out) >= 3 and out[0] == "op" and out[1] > 3:
+            return ("const", torch.zeros_like(value))
+        return out
+
+    monkeypatch.setattr(recorder.CaptureState, "template", drop_edges)
+    assert not validation.validate_forward_pass(model, x).passed
+    assert not validation.validate_backward_pass(model, x).passed
+
+
+def test_backward_validation_refuses_without_a_differentiable_output():
+    model = nn.Linear(3, 2).requires_grad_(False)
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.validation.validate_backward_pass(model, torch.rand(1, 3))
+    assert err.value.code == "no_differentiable_output"
+
+
+def test_validation_leaves_the_model_as_it_was():
+    model, x = PURE_CASES["dropout_train"].build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    tl.validation.validate_backward_pass(model, x)
+    assert model.training
+    assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
