@@ -32,6 +32,7 @@ class ValidationReport:
 
     kind: str
     rows: list[dict[str, Any]] = field(default_factory=list)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -115,7 +116,7 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
     trace = _capture(model, x, input_shape, "validation", False, resolve_options)
     calls = trace._replay["calls"]
     saved = {op.index: op._value for op in trace.ops if op.saved}
-    report = ValidationReport("forward")
+    report = ValidationReport("forward", provenance=trace.provenance)
     with torch.no_grad():
         for op in trace.ops:
             if op.kind != "op":
@@ -174,7 +175,7 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape:
     hooked = trace._replay["grads"]
     reference = [hooked.get((op.index, pos), g) for (op, pos, _), g in zip(targets, computed)]
     ours = _graph_grads(trace, calls, model, live, outputs)
-    report = ValidationReport("backward")
+    report = ValidationReport("backward", provenance=trace.provenance)
     versions = trace._replay["versions"]
     for (op, pos, t), ref in zip(targets, reference):
         got = ours.get((op.index, pos))
