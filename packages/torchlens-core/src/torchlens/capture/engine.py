@@ -142,7 +142,8 @@ def _install_module_hooks(model, state, calls, save_modules):
                 del mod._torchlens_paused
             n = counts.get(address, 0) + 1
             counts[address] = n
-            frames.append([address, n, {}, len(state.records), time.perf_counter_ns(), mod])
+            stack = frames[-1][6] + (f"{address}:{n}",)
+            frames.append([address, n, {}, len(state.records), time.perf_counter_ns(), mod, stack])
 
         def post(mod, args, output, address=address):
             for i in range(len(frames) - 1, 0, -1):

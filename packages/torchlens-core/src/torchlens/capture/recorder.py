@@ -52,7 +52,8 @@ class CaptureState:
         self.mutations: dict[int, int] = {}  # storage data_ptr -> record index of last in-place op
         self.param_ids, self.buffer_ids = param_ids, buffer_ids
         self.save_all, self.save_labels = save_all, save_labels
-        self.frames: list[list] = [["", 1, {}]]  # [address, pass, per-call name counters]
+        # [address, pass, per-call name counters, first record, start ns, module, stack labels]
+        self.frames: list[list] = [["", 1, {}, 0, 0, None, ()]]
         self.sites: dict[tuple, str] = {}
         self.name_counts: dict[str, int] = {}
         self.failure: dict[str, Any] | None = None
@@ -135,7 +136,7 @@ class CaptureState:
         return label, base, pass_num, frame[0], frame[1]
 
     def module_stack(self) -> tuple[str, ...]:
-        return tuple(f"{f[0]}:{f[1]}" for f in self.frames[1:])
+        return self.frames[-1][6]
 
 
 def _keep_grad(store: dict, key: tuple[int, int], grad: Tensor) -> None:

@@ -6,23 +6,26 @@ the surface consumes it instead of capturing again.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from ..errors import InputError, InputTypeError
+from ..errors import CaptureError, InputError, InputTypeError, TorchLensError
 from . import provenance as prov
 from .infer import MAX_PROBES, Inference, infer
 from .real import resolve_real
 from .recipes import recipe_for
 from .shapes import parse_input_shape
+from .signature import forward_signature
 from .synth import model_device, synthesize
 
 ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "<absent>"})()
 
-__all__ = ["ABSENT", "MAX_PROBES", "Inference", "Resolution", "infer", "resolve"]
+__all__ = ["ABSENT", "MAX_PROBES", "Inference", "Resolution", "declared_forward", "infer",
+           "resolve"]
 
 
 @dataclass
@@ -65,8 +68,9 @@ def resolve(model: nn.Module, value: Any = ABSENT, *, input_kwargs: dict | None 
         record = prov.gold(surface, real.args, real.kwargs, real.facts or None)
         return Resolution(real.args, real.kwargs, record, real.objects)
     if input_shape is not None:
-        slots = parse_input_shape(input_shape, model)
-        recipes = [recipe_for(model, s, len(slots)) for s in slots]
+        sig = forward_signature(model)
+        slots = parse_input_shape(input_shape, model, sig)
+        recipes = [recipe_for(model, s, len(slots), sig) for s in slots]
         tensors = synthesize(recipes, model_device(model))
         args = tuple(t for s, t in zip(slots, tensors) if not s.keyword)
         kwargs = {s.name: t for s, t in zip(slots, tensors) if s.keyword}
@@ -78,3 +82,27 @@ def resolve(model: nn.Module, value: Any = ABSENT, *, input_kwargs: dict | None 
     record = prov.synthesized("inferred", surface, found.slots, found.recipes, found.diary,
                               "inference")
     return Resolution(found.args, found.kwargs, record, verified=found.result)
+
+
+@contextlib.contextmanager
+def declared_forward(res: Resolution, surface: str = "trace") -> Iterator[None]:
+    """Wrap the forward of a declared-shape call: if it raises, refuse typed (``forward_failed``)
+    naming the declared shape -- never fall through to inference. Other rungs pass errors on."""
+    try:
+        yield
+    except Exception as exc:
+        if res.provenance.get("origin") != "declared" or isinstance(exc, TorchLensError):
+            raise
+        shapes = ", ".join(f"{s['slot']}: {tuple(s['shape'])} {s['dtype']} {s['recipe']}"
+                           for s in res.provenance["slots"])
+        err = CaptureError(
+            f"the forward raised on the declared input_shape= input ({shapes}): "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}; "
+            "TorchLens does not fall back to inference",
+            code="forward_failed",
+            teach=[f"tl.{surface}(model, x)  # pass the real call",
+                   f"tl.{surface}(model, input_shape=...)  # a shape this forward accepts",
+                   "torchlens.debug.guess_input_shape(model, hints={'batch': 1})  # probe, no "
+                   "capture"])
+        err.partial_trace = getattr(exc, "partial_trace", None)  # type: ignore[attr-defined]
+        raise err from exc

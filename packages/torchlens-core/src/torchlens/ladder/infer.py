@@ -3,18 +3,24 @@
 Candidates come from hints, plugins (``torchlens_shape_candidates``) and the model's first layer.
 Each probe runs pinned (eval, no-grad, forked RNG, restored state) and is one diary row; the
 first that runs is the verified one and its result is what the surface consumes.
+
+The bound: at most ``MAX_PROBES`` (8) forwards per inference, failed or not. Candidates whose
+shape or recipe is refused statically are diary rows too ("skipped") but run no forward.
+Hints (``guess_input_shape(model, hints=...)``): ``shape`` (an input_shape value, tried first),
+``batch``, ``image_size``, ``seq_len`` (positive ints that shape the core candidates).
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from ..errors import InputError, TorchLensError
+from ..errors import InputError, InputTypeError, TorchLensError
 from ..plugins import hook
 from ..types import InputSpec
 from .recipes import Recipe, _first_param_leaf, recipe_for
@@ -23,6 +29,7 @@ from .signature import ForwardSignature, forward_signature
 from .synth import model_device, synthesize
 
 MAX_PROBES = 8  # forwards at most, failed or not, before inference refuses
+HINT_KEYS = ("shape", "batch", "image_size", "seq_len")
 
 
 @dataclass
@@ -69,16 +76,24 @@ def core_candidates(model: nn.Module, sig: ForwardSignature, hints: dict) -> lis
 
 
 def candidates(model: nn.Module, sig: ForwardSignature, hints: dict) -> list[Any]:
-    """Every candidate, most likely first, without duplicates."""
+    """Every candidate, most likely first, without duplicates: the hinted shape, core candidates
+    shaped by size hints, plugin candidates, then the core's first-layer candidates."""
     found: list[Any] = []
     if "shape" in hints:
         found.append(hints["shape"])
+    if any(k in hints for k in HINT_KEYS[1:]):  # the caller's sizes outrank plugin guesses
+        found.extend(core_candidates(model, sig, hints))
     for group in hook().torchlens_shape_candidates(model=model):
+        if group is not None and not isinstance(group, (list, tuple)):
+            raise InputError(
+                f"a torchlens_shape_candidates hook returned {type(group).__name__}; it must "
+                "return a list of input_shape values", code="plugin_invalid",
+                teach=["pip install -U <the plugin>", "tl.trace(model, input_shape=...)"])
         found.extend(group or [])
     found.extend(core_candidates(model, sig, hints))
     unique, seen = [], set()
     for c in found:
-        key = repr(c)
+        key = json.dumps(_jsonable(c), sort_keys=True, default=repr)  # (1, 8) == [1, 8]
         if key not in seen:
             seen.add(key)
             unique.append(c)
@@ -88,8 +103,8 @@ def candidates(model: nn.Module, sig: ForwardSignature, hints: dict) -> list[Any
 def infer(model: nn.Module, probe: Callable[[tuple, dict], Any], hints: dict | None = None,
           surface: str = "trace") -> Inference:
     """Probe candidates in order; return the first verified one or refuse with the diary."""
-    hints = dict(hints or {})
     sig = forward_signature(model)
+    hints = check_hints(hints, model, sig)
     diary: list[dict[str, Any]] = []
     device = model_device(model)
     forwards = 0
@@ -101,12 +116,14 @@ def infer(model: nn.Module, probe: Callable[[tuple, dict], Any], hints: dict | N
         t0 = time.perf_counter()
         try:
             slots = parse_input_shape(candidate, model, sig)
-            recipes = [recipe_for(model, s, len(slots)) for s in slots]
+            recipes = [recipe_for(model, s, len(slots), sig) for s in slots]
+            tensors = synthesize(recipes, device)
         except TorchLensError as exc:
+            if exc.code == "plugin_invalid":
+                raise
             row.update(outcome="skipped", error_code=exc.code, error=exc.message[:300],
-                       time_ms=0.0)
+                       time_ms=round((time.perf_counter() - t0) * 1e3, 3))
             continue
-        tensors = synthesize(recipes, device)
         args = tuple(t for s, t in zip(slots, tensors) if not s.keyword)
         kwargs = {s.name: t for s, t in zip(slots, tensors) if s.keyword}
         forwards += 1
@@ -123,13 +140,39 @@ def infer(model: nn.Module, probe: Callable[[tuple, dict], Any], hints: dict | N
     raise _refusal(model, sig, diary, surface)
 
 
+def check_hints(hints: Any, model: nn.Module, sig: ForwardSignature) -> dict[str, Any]:
+    """Refuse malformed hints before any probe: a hint is the caller's word, never skipped."""
+    if hints is None:
+        return {}
+    teach = ["torchlens.debug.guess_input_shape(model, hints={'shape': (1, 3, 32, 32)})",
+             "torchlens.debug.guess_input_shape(model, hints={'batch': 2, 'image_size': 64})"]
+    if not isinstance(hints, Mapping):
+        raise InputTypeError(f"hints= must be a dict, not {type(hints).__name__}",
+                             code="input_shape_invalid", teach=teach)
+    unknown = [k for k in hints if k not in HINT_KEYS]
+    if unknown:
+        raise InputError(f"hints={{{unknown[0]!r}: ...}}: unknown hint; known hints are "
+                         f"{list(HINT_KEYS)}", code="input_shape_invalid", teach=teach)
+    for key in HINT_KEYS[1:]:
+        v = hints.get(key)
+        if key in hints and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise InputError(f"hints[{key!r}] = {v!r}: expected a positive int",
+                             code="input_shape_invalid", teach=teach)
+    if "shape" in hints:
+        parse_input_shape(hints["shape"], model, sig)  # refuses input_shape_invalid as given
+    return dict(hints)
+
+
 def _refusal(model, sig, diary, surface) -> InputError:
     verb = f"tl.{surface}" if surface != "debug" else "tl.trace"
     teach = [t for group in hook().torchlens_refusal_teach(model=model) for t in (group or [])]
+    ambiguous = any(r.get("error_code") == "input_recipe_ambiguous" for r in diary)
+    mapping = sig.spelled_mapping(spec=ambiguous)
     teach += [
         f"{verb}(model, x)  # pass the real call",
-        f"{verb}(model, input_shape={sig.spelled_mapping()})",
-        "torchlens.debug.guess_input_shape(model, hints={'shape': (1, 3, 224, 224)})",
+        f"{verb}(model, input_shape={mapping})  # the mapping form, your forward's names",
+        "torchlens.debug.guess_input_shape(model, hints={'shape': ..., 'batch': 1})  # probe "
+        "with hints, no capture",
     ]
     tried = "; ".join(f"{r['candidate']}: {r['outcome']} ({r.get('error_code')})" for r in diary)
     err = InputError(

@@ -16,10 +16,15 @@ class ForwardSignature:
     var_positional: bool
     var_keyword: bool
 
-    def spelled_mapping(self) -> str:
-        """The mapping form of input_shape= spelled with the forward's own parameter names."""
-        names = self.required or self.positional[:1] or ("x",)
-        return "{" + ", ".join(f'"{n}": (...)' for n in names) + "}"
+    def spelled_mapping(self, spec: bool = False) -> str:
+        """The mapping form of input_shape= spelled with the forward's own parameter names.
+
+        With ``spec=True`` each shape is spelled as the InputSpec override (for ambiguous dtypes).
+        """
+        names = self.required or self.positional[:1] or self.keyword[:1] or ("x",)
+        shape = ("torchlens.types.InputSpec((...), dtype=..., low=..., high=...)" if spec
+                 else "(...)")
+        return "{" + ", ".join(f'"{n}": {shape}' for n in names) + "}"
 
 
 def forward_signature(model: nn.Module) -> ForwardSignature:

@@ -1,0 +1,70 @@
+"""Shared fixtures: count a model's forward calls, register plugins for one test, snapshot RNG."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchlens.plugins import get_plugin_manager
+
+
+class ForwardCounter:
+    """Counts calls of one module's forward (a pre-hook on that module only)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.n = 0
+        self.handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        self.n += 1
+
+
+@pytest.fixture
+def count_forwards():
+    """``calls = count_forwards(model)``; ``calls.n`` is how often ``model.forward`` ran."""
+    counters: list[ForwardCounter] = []
+
+    def attach(model: torch.nn.Module) -> ForwardCounter:
+        counters.append(ForwardCounter(model))
+        return counters[-1]
+
+    yield attach
+    for c in counters:
+        c.handle.remove()
+
+
+@pytest.fixture
+def register_plugin():
+    """``register_plugin(obj)`` registers a plugin object for this test; unregistered in finally."""
+    pm = get_plugin_manager()
+    registered: list[object] = []
+
+    def register(obj: object) -> object:
+        pm.register(obj)
+        registered.append(obj)
+        return obj
+
+    try:
+        yield register
+    finally:
+        for obj in registered:
+            pm.unregister(obj)
+
+
+def rng_state() -> list[torch.Tensor]:
+    """Every global RNG stream: CPU, plus each CUDA device where CUDA is present."""
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available():
+        states += torch.cuda.get_rng_state_all()
+    return states
+
+
+@pytest.fixture
+def rng_snapshot():
+    """``same = rng_snapshot()``, later ``assert same()``: the global RNG did not advance."""
+
+    def take():
+        before = rng_state()
+        return lambda: all(torch.equal(a, b) for a, b in zip(before, rng_state()))
+
+    return take
