@@ -165,3 +165,17 @@ def test_gold_traces_never_warn():
             op.out  # noqa: B018
         trace.output  # noqa: B018
     assert nongold_reads(caught) == []
+
+
+def test_output_table_k_must_be_positive():
+    import torch
+    from torch import nn
+
+    import torchlens as tl
+
+    trace = tl.trace(nn.Linear(3, 4), torch.rand(1, 3))
+    for k in (0, -1, 2.5, True):
+        with pytest.raises(tl.TorchLensError) as err:
+            trace.output_table(k=k, labels=list("abcd"))
+        assert err.value.code == "option_invalid"
+    assert len(trace.output_table(k=2, labels=list("abcd"))) == 2

@@ -28,6 +28,7 @@ CODES: dict[str, str] = {
     "model_invalid": "the model argument is not a torch.nn.Module",
     "model_unavailable": "trace.run on a trace that holds no model (e.g. a loaded one)",
     "no_differentiable_output": "validate_backward_pass on a model whose output needs no grad",
+    "option_invalid": "a keyword option has a value TorchLens cannot use",
     # Trace access
     "key_not_found": "no op, pass or module matches the lookup key",
     "activation_not_saved": "op.out read on an op whose activation was not selected by save=",

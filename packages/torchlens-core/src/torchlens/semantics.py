@@ -50,6 +50,9 @@ def _last_position(t: torch.Tensor) -> torch.Tensor:
 
 
 def decode(trace, k: int = 5, labels: Any = None) -> DecodedOutput:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise TorchLensError(f"k={k!r}: the table size must be a positive int",
+                             code="option_invalid", teach=["trace.output_table(k=5)"])
     origin = trace.provenance.get("origin", "gold")
     if origin != "gold":
         raise TorchLensError(

@@ -100,7 +100,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"))
     if res.verified is not None:
         result = res.verified
-        if save is not None:
+        if save is not None and save is not False:
             result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace")
             res.provenance["recapture"] = {
                 "reason": f"save={save!r} is not satisfied by the metadata-only verified capture",
