@@ -8,6 +8,7 @@ The receipt says what was pinned and restored and whether the state verifies bit
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import zlib
 from collections.abc import Iterator
@@ -67,7 +68,9 @@ def _crc(t: torch.Tensor) -> int:
     data = data.contiguous()
     if data.numel() == 0:
         return 0
-    return zlib.crc32(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
+    # read the bytes in place (torch needs no numpy for this); ``data`` outlives the call
+    raw = (ctypes.c_char * (data.numel() * data.element_size())).from_address(data.data_ptr())
+    return zlib.crc32(raw)
 
 
 def pending_lazy(model: nn.Module) -> dict[str, str]:
