@@ -170,6 +170,17 @@ def _collect(value: Any, found: list, depth: int = 0) -> None:
             _collect(item, found, depth + 1)
 
 
+def tensor_outputs(func, first: Any, out: Any) -> list[Tensor] | None:
+    """The tensors a call produced (``__setitem__``: the tensor it wrote), or None: not an op."""
+    if func is _SETITEM:
+        return [first]
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [o for o in out if isinstance(o, Tensor)] or None
+    return None
+
+
 class Recorder(TorchFunctionMode):
     """Records each top-level torch call made while it is active."""
 
@@ -191,21 +202,10 @@ class Recorder(TorchFunctionMode):
             self._note_failure(func, args, kwargs, exc)
             raise
         elapsed = perf_counter_ns() - t0
-        if func is _SETITEM:
-            out_tensors = [first]
-            result = out
-        else:
-            result = out
-            if isinstance(out, Tensor):
-                out_tensors = [out]
-            elif isinstance(out, (tuple, list)):
-                out_tensors = [o for o in out if isinstance(o, Tensor)]
-                if not out_tensors:
-                    return out
-            else:
-                return out
-        self._record(func, args, kwargs, out, out_tensors, elapsed, first, version_before)
-        return result
+        out_tensors = tensor_outputs(func, first, out)
+        if out_tensors is not None:
+            self._record(func, args, kwargs, out, out_tensors, elapsed, first, version_before)
+        return out
 
     def _record(self, func, args, kwargs, out, out_tensors, elapsed, first, version_before):
         s = self.state
@@ -296,12 +296,8 @@ class Recorder(TorchFunctionMode):
         }
 
 
-class LightRecorder(TorchFunctionMode):
+class LightRecorder(Recorder):
     """Labels every call exactly like Recorder but keeps only the selected activations."""
-
-    def __init__(self, state: CaptureState):
-        super().__init__()
-        self.state = state
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
@@ -310,21 +306,10 @@ class LightRecorder(TorchFunctionMode):
         if func in _PASSTHROUGH or s.suspended:
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        if func is _SETITEM:
-            value = args[0]
-        elif isinstance(out, Tensor):
-            value = out
-        elif isinstance(out, (tuple, list)):
-            tensors = [o for o in out if isinstance(o, Tensor)]
-            if not tensors:
-                return out
-            value = out if len(tensors) > 1 else tensors[0]
-        else:
+        tensors = tensor_outputs(func, args[0] if args else None, out)
+        if tensors is None or any(isinstance(a, UninitializedTensorMixin) for a in args):
             return out
-        for a in args:
-            if isinstance(a, UninitializedTensorMixin):
-                return out
         label, base = s.label_for(func_name(func))[:2]
         if label in s.save_labels or base in s.save_labels:
-            s.light[label] = snapshot(value)
+            s.light[label] = snapshot(out if len(tensors) > 1 else tensors[0])
         return out
