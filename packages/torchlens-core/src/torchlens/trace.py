@@ -7,6 +7,7 @@ Plugins may put JSON-safe facts in ``op.meta`` / ``trace.meta``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -16,15 +17,7 @@ from .errors import LookupFailed, TorchLensError
 SCHEMA_VERSION = 1
 OP_KINDS = ("input", "op", "output")
 
-# Op fields that are plain JSON data, in the order rows() and the saved file use.
-OP_FIELDS = (
-    "index", "label", "base_label", "pass_num", "kind", "func", "parents", "children",
-    "shape", "dtype", "device", "out_shapes", "nbytes", "module", "module_pass", "module_stack",
-    "module_outputs", "params", "buffers", "time_ns", "flops", "inplace", "is_view", "slot",
-    "saved", "meta",
-)
-
-
+@dataclass(slots=True, eq=False, repr=False)
 class Op:
     """One node of the graph.
 
@@ -41,16 +34,37 @@ class Op:
     flops: from torch.utils.flop_counter's formulas, None when no formula applies.
     inplace: the call mutated its first argument; is_view: the output aliases an input's storage.
     slot: for inputs, the positional index or keyword name; for outputs, the path in the output.
-    saved: whether the activation was kept (read it as ``op.out``).
+    saved: whether the activation was kept (read it as ``op.out``). meta: free-form, for plugins.
     """
 
-    __slots__ = OP_FIELDS + ("_value", "_trace")
-
-    def __init__(self, **fields: Any):
-        for name in OP_FIELDS:
-            setattr(self, name, fields.get(name))
-        self._value = fields.get("_value")
-        self._trace = None
+    index: int = 0
+    label: str = ""
+    base_label: str = ""
+    pass_num: int = 1
+    kind: str = "op"
+    func: str = ""
+    parents: list = None
+    children: list = None
+    shape: list | None = None
+    dtype: str | None = None
+    device: str | None = None
+    out_shapes: list = None
+    nbytes: int = 0
+    module: str = ""
+    module_pass: int = 1
+    module_stack: list = None
+    module_outputs: list = None
+    params: list = None
+    buffers: list = None
+    time_ns: int = 0
+    flops: int | None = None
+    inplace: bool = False
+    is_view: bool = False
+    slot: str | None = None
+    saved: bool = False
+    meta: dict = None
+    _value: Any = None
+    _trace: Any = field(default=None, init=False)
 
     @property
     def out(self) -> Any:
@@ -76,6 +90,10 @@ class Op:
         where = f" in {self.module or '<model>'}" if self.kind == "op" else ""
         shape = "x".join(map(str, self.shape)) if self.shape is not None else "-"
         return f"<Op {self.label}: {self.func} -> {shape} {self.dtype or ''}{where}>"
+
+
+# Op fields that are plain JSON data, in the order rows() and the saved file use.
+OP_FIELDS = tuple(f.name for f in fields(Op) if not f.name.startswith("_"))
 
 
 class ModuleCall:

@@ -258,21 +258,20 @@ def _build(model, state, calls, structure, aliases, elapsed_ns, save, provenance
         for index in call["outputs"]:
             module_outputs.setdefault(index, []).append(f"{call['address']}:{call['pass_num']}")
     labels = [rec["label"] for rec in records]
+    values = state.values
+    dtypes: dict[Any, str] = {}  # str(torch.dtype) once per dtype, not once per op
     for i, rec in enumerate(records):
-        shape, dtype, device = rec["shape"], str(rec["dtype"]).removeprefix("torch."), str(
-            rec["device"])
-        ops.append(Op(
-            index=i, label=rec["label"], base_label=rec["base_label"], pass_num=rec["pass_num"],
-            kind=rec.get("kind", "op"), func=rec["func"],
-            parents=[labels[p] for p in rec["parents"]], children=[labels[c] for c in children[i]],
-            shape=list(shape), dtype=dtype, device=device,
-            out_shapes=[list(s) for s in rec["out_shapes"]], nbytes=rec["nbytes"],
-            module=rec["module"], module_pass=rec["module_pass"],
-            module_stack=list(rec["module_stack"]), module_outputs=module_outputs.get(i, []),
-            params=rec["params"], buffers=rec["buffers"], time_ns=rec["time_ns"],
-            flops=rec["flops"], inplace=rec["inplace"], is_view=rec["is_view"],
-            slot=rec.get("slot"), saved=i in state.values, meta={},
-            _value=state.values.get(i),
+        dtype = dtypes.get(rec["dtype"])
+        if dtype is None:
+            dtype = dtypes[rec["dtype"]] = str(rec["dtype"]).removeprefix("torch.")
+        ops.append(Op(  # positional, in Op's field order: the fast path for big traces
+            i, rec["label"], rec["base_label"], rec["pass_num"], rec.get("kind", "op"),
+            rec["func"], [labels[p] for p in rec["parents"]], [labels[c] for c in children[i]],
+            list(rec["shape"]), dtype, str(rec["device"]), [list(s) for s in rec["out_shapes"]],
+            rec["nbytes"], rec["module"], rec["module_pass"], list(rec["module_stack"]),
+            module_outputs.get(i, []), rec["params"], rec["buffers"], rec["time_ns"],
+            rec["flops"], rec["inplace"], rec["is_view"], rec.get("slot"), i in values, {},
+            values.get(i),
         ))
     used_by: dict[str, list[str]] = {}
     for op in ops:
