@@ -1,0 +1,583 @@
+"""TorchLens capture overhead, against a plain forward and against peers (``hatch run bench:run``).
+
+Everything runs on the CPU. For torchvision resnet18 (1x3x224x224) and GPT-2 (``GPT2Config()``:
+12 layers, 768 wide, random init, 32 token ids) it times, interleaved round by round, the plain
+forward under ``torch.no_grad()``, ``tl.trace(save=None)``, ``tl.trace(save="all")``, ``tl.draw``
+(when installed), torchinfo's ``summary`` and torchview's ``draw_graph``; torchlens 2.36.1 runs in
+its own process (the ``bench-peer`` env) against its own plain forward. Every figure is reported as
+a ratio to the plain forward of the process that measured it. Then GPT-2 at 2, 4, 8 and 16 layers:
+metadata-only capture time per op and metadata bytes per op.
+
+    hatch run bench:run              # full run; writes benchmarks/results/latest.{json,md}
+    hatch run bench:run --quick      # smoke test: 3 runs, no peers; writes results/quick.{json,md}
+    hatch run bench:run --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.metadata
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+from _common import (  # noqa: E402
+    GPT2_CLASSES,
+    MODELS,
+    build_model,
+    machine,
+    plain_forward,
+    summarize,
+    time_rounds,
+)
+
+SCALING_LAYERS = (2, 4, 8, 16)
+
+# Method keys, in table order, with their row labels (versions are filled in at run time).
+ROWS = {
+    "plain": "plain forward (no_grad)",
+    "tl_meta": 'torchlens trace(save=None)',
+    "tl_all": 'torchlens trace(save="all")',
+    "tl_draw": 'torchlens draw(file_format="svg")',
+    "torchinfo": "torchinfo {v} summary",
+    "torchview": "torchview {v} draw_graph",
+    "peer_tl": "torchlens {v} trace (all activations)",
+}
+PEERS = ("torchinfo", "torchview", "peer_tl")
+
+TARGET_META = 1.3
+TARGET_ALL = 2.0
+TARGET_PEER_SPEEDUP = 8.0
+TARGET_FLAT = 0.25
+
+
+# --------------------------------------------------------------------------------------- methods
+
+
+def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
+                draw_dir: str) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
+    """The timed callables for one model, and why any method is not timed."""
+    methods: dict[str, Callable[[], Any]] = {"plain": plain_forward(model, x)}
+    missing: dict[str, str] = {}
+
+    def trace(save: Any) -> Callable[[], Any]:
+        def run() -> Any:
+            with torch.no_grad():
+                return tl.trace(model, x, save=save)
+
+        return run
+
+    if "tl_meta" not in skip:
+        methods["tl_meta"] = trace(None)
+    if "tl_all" not in skip:
+        methods["tl_all"] = trace("all")
+
+    if "tl_draw" not in skip:
+        if hasattr(tl, "draw"):
+            counter = iter(range(1_000_000))
+
+            def draw() -> Any:
+                path = os.path.join(draw_dir, f"draw_{next(counter)}")
+                return tl.draw(model, x, file_format="svg", path=path)
+
+            methods["tl_draw"] = draw
+        else:
+            missing["tl_draw"] = "n/a (tl.draw not installed)"
+
+    if "torchinfo" not in skip:
+        try:
+            from torchinfo import summary
+
+            methods["torchinfo"] = lambda: summary(model, input_data=x, verbose=0, device="cpu")
+        except ImportError as err:
+            missing["torchinfo"] = f"n/a (torchinfo not importable: {err})"
+
+    if "torchview" not in skip:
+        try:
+            from torchview import draw_graph
+
+            methods["torchview"] = lambda: draw_graph(model, input_data=x, device="cpu",
+                                                      save_graph=False)
+        except ImportError as err:
+            missing["torchview"] = f"n/a (torchview not importable: {err})"
+    return methods, missing
+
+
+def op_counts(tl: Any, model: torch.nn.Module, x: Any) -> dict[str, int]:
+    """Nodes of a metadata-only trace (``len(trace)``) and, among them, the captured torch ops."""
+    with torch.no_grad():
+        tr = tl.trace(model, x, save=None)
+    rows = tr.rows()
+    return {"nodes": len(tr), "ops": sum(1 for r in rows if r.get("kind") == "op") or len(tr)}
+
+
+def metadata_bytes(tl: Any, model: torch.nn.Module, x: Any) -> dict[str, int]:
+    """Python heap held by a metadata-only trace, measured with ``tracemalloc``.
+
+    ``retained``: traced bytes allocated by the capture and still alive while the trace is
+    (after a garbage collection); ``peak``: the peak during the capture, both above the level before
+    it. Tensor storage does not go through Python's allocator, so neither counts activations or
+    the model output's data -- only the trace's metadata objects. ``after_del``: what stays
+    allocated after the trace is dropped (bounded caches and dict capacity, e.g. the modules' hook
+    dicts; it levels off over repeated captures). A warm-up capture first keeps one-time caches
+    out of the figure.
+    """
+    with torch.no_grad():
+        tl.trace(model, x, save=None)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        with torch.no_grad():
+            tr = tl.trace(model, x, save=None)
+        gc.collect()
+        current, peak = tracemalloc.get_traced_memory()
+        del tr
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    return {"retained": current - base, "peak": peak - base, "after_del": after - base}
+
+
+# ------------------------------------------------------------------------------------------ peer
+
+
+def peer_python(explicit: str | None) -> tuple[str | None, str]:
+    """The bench-peer env's interpreter, creating the env when it is missing; else why not."""
+    if explicit:
+        return (explicit, "") if Path(explicit).exists() else (None, f"{explicit} does not exist")
+    hatch = shutil.which("hatch")
+    if not hatch:
+        return None, "hatch is not on PATH (needed to find or create the bench-peer env)"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    try:
+        found = subprocess.run([hatch, "env", "find", "bench-peer"], cwd=ROOT, env=env,
+                               capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"`hatch env find bench-peer` failed: {err}"
+    if found.returncode != 0 or not found.stdout.strip():
+        return None, f"`hatch env find bench-peer` failed: {found.stderr.strip()[-500:]}"
+    python = Path(found.stdout.strip().splitlines()[-1]) / "bin" / "python"
+    if not python.exists():
+        print("creating the bench-peer env (torchlens 2.36.1; installs torch, takes minutes) ...",
+              flush=True)
+        try:
+            made = subprocess.run([hatch, "env", "create", "bench-peer"], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=1800)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return None, f"`hatch env create bench-peer` failed: {err}"
+        if made.returncode != 0 or not python.exists():
+            tail = (made.stderr or made.stdout).strip()[-800:]
+            return None, f"`hatch env create bench-peer` failed (rc {made.returncode}): {tail}"
+    return str(python), ""
+
+
+def run_peer(args: argparse.Namespace, models: list[str]) -> dict[str, Any]:
+    """Run ``peer_torchlens.py`` in the bench-peer env; its JSON, or ``{"error": why}``."""
+    python, why = peer_python(args.peer_python)
+    if python is None:
+        return {"error": why}
+    cmd = [python, str(HERE / "peer_torchlens.py"), "--runs", str(args.peer_runs),
+           "--warmup", str(args.peer_warmup), "--models", ",".join(models), "--gpt2", args.gpt2,
+           "--threads", str(torch.get_num_threads())]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    print(f"torchlens 2.36.1 peer: {python} ...", flush=True)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=args.peer_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"peer run exceeded {args.peer_timeout} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"error": f"peer run failed (rc {proc.returncode}): {proc.stderr.strip()[-800:]}"}
+    return json.loads(lines[-1])
+
+
+# ---------------------------------------------------------------------------------- measurement
+
+
+def bench_models(tl: Any, args: argparse.Namespace, skip: set[str]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="tl-bench-") as draw_dir:
+        for name in args.models:
+            print(f"[{name}] building ...", flush=True)
+            model, x = build_model(name, gpt2_class=args.gpt2)
+            methods, missing = methods_for(tl, model, x, skip, draw_dir)
+            errors: dict[str, str] = {}
+
+            def on_error(key: str, err: BaseException, errors: dict = errors,
+                         name: str = name) -> None:
+                errors[key] = f"{type(err).__name__}: {err}"
+                print(f"[{name}] {key} failed: {errors[key]}", flush=True)
+
+            t0 = time.perf_counter()
+            samples = time_rounds(methods, runs=args.runs, warmup=args.warmup, on_error=on_error)
+            entry: dict[str, Any] = {"methods": {}, "missing": missing, "errors": errors}
+            for key, s in samples.items():
+                if key not in errors:
+                    entry["methods"][key] = summarize(s)
+            try:
+                entry.update(op_counts(tl, model, x))
+                entry["metadata_bytes"] = metadata_bytes(tl, model, x)
+            except Exception as err:
+                entry["errors"]["counts"] = f"{type(err).__name__}: {err}"
+            print(f"[{name}] timed in {time.perf_counter() - t0:.0f} s", flush=True)
+            results[name] = entry
+            del model, x
+            gc.collect()
+    return results
+
+
+def bench_scaling(tl: Any, args: argparse.Namespace) -> dict[str, Any]:
+    rows = []
+    for n_layer in SCALING_LAYERS:
+        model, x = build_model("gpt2", gpt2_class=args.gpt2_scaling, n_layer=n_layer)
+        methods = {"plain": plain_forward(model, x)}
+
+        def meta(model: torch.nn.Module = model, x: Any = x) -> Any:
+            with torch.no_grad():
+                return tl.trace(model, x, save=None)
+
+        methods["tl_meta"] = meta
+        samples = time_rounds(methods, runs=args.runs, warmup=args.warmup)
+        counts = op_counts(tl, model, x)
+        mem = metadata_bytes(tl, model, x)
+        plain_ms = statistics.median(samples["plain"]) * 1e3
+        meta_ms = statistics.median(samples["tl_meta"]) * 1e3
+        ops = counts["ops"]
+        rows.append({
+            "n_layer": n_layer, **counts, "plain_ms": plain_ms, "meta_ms": meta_ms,
+            "ratio": meta_ms / plain_ms,
+            "us_per_op": meta_ms * 1e3 / ops,
+            "overhead_us_per_op": (meta_ms - plain_ms) * 1e3 / ops,
+            "bytes_per_op": mem["retained"] / ops, "peak_bytes_per_op": mem["peak"] / ops,
+            "metadata_bytes": mem,
+        })
+        print(f"[scaling] n_layer={n_layer}: {ops} ops, {meta_ms:.1f} ms, "
+              f"{meta_ms * 1e3 / ops:.1f} us/op, {mem['retained'] / ops:.0f} B/op", flush=True)
+        del model, x
+        gc.collect()
+    per_op = [r["us_per_op"] for r in rows]
+    mean = statistics.fmean(per_op)
+    for r in rows:
+        r["dev_from_mean"] = r["us_per_op"] / mean - 1
+    return {"model": f"gpt2 ({args.gpt2_scaling})", "seq_len": 32, "rows": rows,
+            "mean_us_per_op": mean,
+            "max_abs_dev": max(abs(r["dev_from_mean"]) for r in rows),
+            "flat": all(abs(r["dev_from_mean"]) <= TARGET_FLAT for r in rows)}
+
+
+# ------------------------------------------------------------------------------------- figures
+
+
+def ratio_table(results: dict[str, Any], peer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{method: {model: ratio or None}}; 2.36.1 against its own process's plain forward."""
+    table: dict[str, dict[str, Any]] = {key: {} for key in ROWS}
+    for name, entry in results.items():
+        m = entry["methods"]
+        plain = m.get("plain", {}).get("median_ms")
+        for key in ROWS:
+            if key == "peer_tl":
+                p = (peer.get("models") or {}).get(name, {})
+                num = (p.get("trace_all") or {}).get("median_ms")
+                den = (p.get("plain_forward") or {}).get("median_ms")
+                table[key][name] = num / den if num and den and not p.get("error") else None
+            else:
+                num = (m.get(key) or {}).get("median_ms")
+                table[key][name] = num / plain if num and plain else None
+    return table
+
+
+def abs_table(results: dict[str, Any], peer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {key: {} for key in ROWS}
+    for name, entry in results.items():
+        for key in ROWS:
+            if key == "peer_tl":
+                p = (peer.get("models") or {}).get(name, {})
+                table[key][name] = (p.get("trace_all") or {}).get("median_ms")
+            else:
+                table[key][name] = (entry["methods"].get(key) or {}).get("median_ms")
+    return table
+
+
+def check(value: float | None, ok: bool) -> str:
+    return "n/a" if value is None else ("PASS" if ok else "MISS")
+
+
+def targets(ratios: dict[str, dict[str, Any]], scaling: dict[str, Any] | None,
+            models: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for name in models:
+        r = ratios["tl_meta"].get(name)
+        out.append({"target": f"metadata-only capture \u2264 {TARGET_META}x plain forward",
+                    "model": name, "value": r, "shown": fmt_x(r),
+                    "verdict": check(r, r is not None and r <= TARGET_META)})
+    for name in models:
+        r = ratios["tl_all"].get(name)
+        out.append({"target": f"all activations saved \u2264 {TARGET_ALL}x plain forward",
+                    "model": name, "value": r, "shown": fmt_x(r),
+                    "verdict": check(r, r is not None and r <= TARGET_ALL)})
+    for name in models:
+        ours, theirs = ratios["tl_all"].get(name), ratios["peer_tl"].get(name)
+        speedup = theirs / ours if ours and theirs else None
+        out.append({"target": f"\u2265 {TARGET_PEER_SPEEDUP:g}x faster than torchlens 2.36.1 trace "
+                              "(all activations, ratio / ratio)",
+                    "model": name, "value": speedup,
+                    "shown": "n/a" if speedup is None else f"{speedup:.1f}x faster",
+                    "verdict": check(speedup, speedup is not None
+                                     and speedup >= TARGET_PEER_SPEEDUP)})
+    if scaling:
+        dev = scaling["max_abs_dev"]
+        out.append({"target": f"GPT-2 2/4/8/16 layers: capture time per op flat within "
+                              f"\u00b1{TARGET_FLAT:.0%} of the mean", "model": scaling["model"],
+                    "value": dev, "shown": f"largest deviation {dev:.0%}",
+                    "verdict": "PASS" if scaling["flat"] else "MISS"})
+    return out
+
+
+def fmt_x(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def fmt_ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1f}"
+
+
+def row_label(key: str, versions: dict[str, str]) -> str:
+    return ROWS[key].format(v=versions.get(key, "?"))
+
+
+def cell_ratio(key: str, name: str, ratios: dict, why: dict[str, dict[str, str]]) -> str:
+    v = ratios[key].get(name)
+    if v is not None:
+        return fmt_x(v)
+    return why.get(name, {}).get(key, "n/a")
+
+
+def reasons(results: dict[str, Any], peer: dict[str, Any], skip: set[str]) -> dict:
+    """{model: {method: why it has no figure}}."""
+    why: dict[str, dict[str, str]] = {}
+    for name, entry in results.items():
+        w = {k: "skipped" for k in skip}
+        w.update(entry.get("missing", {}))
+        w.update({k: "error (see JSON)" for k in entry.get("errors", {})})
+        if "peer_tl" not in skip:
+            if peer.get("error"):
+                w["peer_tl"] = "n/a (peer env unavailable)"
+            elif (peer.get("models") or {}).get(name, {}).get("error"):
+                w["peer_tl"] = "error (see JSON)"
+        why[name] = w
+    return why
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join("-" * w for w in widths)
+    fmt_row = lambda r: "  ".join(  # noqa: E731
+        c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt_row(header), line, *(fmt_row(r) for r in rows)])
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def machine_line(report: dict[str, Any]) -> str:
+    m, c = report["machine"], report["config"]
+    threads = f"{m['torch_threads']} torch thread" + ("s" if m["torch_threads"] != 1 else "")
+    return (f"{m['cpu']}, {m['cores']} cores ({threads}), "
+            f"torch {m['torch']}, Python {m['python']}; torchlens-core {c['torchlens']}"
+            f"{' @ ' + c['git'] if c.get('git') else ''}; CPU, median of {c['runs']} runs "
+            f"({c['peer_runs']} for torchlens 2.36.1); load average "
+            f"{m['load_avg_1min']['start']:.1f} -> {m['load_avg_1min']['end']:.1f}")
+
+
+def render(report: dict[str, Any], markdown: bool) -> str:
+    models = report["config"]["models"]
+    ratios, absolute = report["ratios"], report["absolute_ms"]
+    why, versions = report["why_missing"], report["versions"]
+    keys = [k for k in ROWS if any(ratios[k].get(n) is not None for n in models)
+            or any(k in why.get(n, {}) and why[n][k] != "skipped" for n in models)]
+    header = ["method", *models]
+    ratio_rows = [[row_label(k, versions), *(cell_ratio(k, n, ratios, why) for n in models)]
+                  for k in keys]
+    abs_rows = [[row_label(k, versions), *(fmt_ms(absolute[k].get(n)) for n in models)]
+                for k in keys]
+    tgt_header = ["target", "model", "measured", "verdict"]
+    tgt_rows = [[t["target"], t["model"], t["shown"], t["verdict"]] for t in report["targets"]]
+    table = md_table if markdown else text_table
+    parts = []
+    if markdown:
+        parts += [f"Machine: {machine_line(report)}.", ""]
+        parts += ["Capture time as a ratio to the plain forward (`torch.no_grad()`) of the same "
+                  "process:", "", table(header, ratio_rows), "", table(tgt_header, tgt_rows)]
+    else:
+        parts += [f"Machine: {machine_line(report)}", "",
+                  "Ratio to the plain forward of the same process (median):",
+                  table(header, ratio_rows), "",
+                  "Absolute median ms (torchlens 2.36.1 measured in its own process):",
+                  table(header, abs_rows), "", "Targets:", table(tgt_header, tgt_rows)]
+    sc = report.get("scaling")
+    if sc:
+        sc_header = ["GPT-2 layers", "ops", "plain ms", "capture ms (save=None)", "ratio",
+                     "us / op", "vs mean", "overhead us / op", "metadata B / op"]
+        sc_rows = [[str(r["n_layer"]), str(r["ops"]), f"{r['plain_ms']:.1f}",
+                    f"{r['meta_ms']:.1f}", fmt_x(r["ratio"]), f"{r['us_per_op']:.1f}",
+                    f"{r['dev_from_mean']:+.0%}", f"{r['overhead_us_per_op']:.1f}",
+                    f"{r['bytes_per_op']:,.0f}"] for r in sc["rows"]]
+        parts += ["", f"Scaling ({sc['model']}, {sc['seq_len']} tokens, metadata-only capture; "
+                      f"mean {sc['mean_us_per_op']:.1f} us/op, flat within "
+                      f"\u00b1{TARGET_FLAT:.0%}: {'yes' if sc['flat'] else 'no'}):", "",
+                  table(sc_header, sc_rows)]
+    mem_rows = [[n, str(e.get("ops", "?")), f"{e['metadata_bytes']['retained'] / e['ops']:,.0f}",
+                 f"{e['metadata_bytes']['peak'] / e['ops']:,.0f}"]
+                for n, e in report["models"].items() if e.get("metadata_bytes") and e.get("ops")]
+    if mem_rows:
+        parts += ["", "Metadata bytes per op of a save=None trace (tracemalloc):", "",
+                  table(["model", "ops", "retained B / op", "peak B / op"], mem_rows)]
+    peer = report.get("peer") or {}
+    if not markdown and peer.get("error"):
+        parts += ["", f"torchlens 2.36.1 peer not measured: {peer['error']}"]
+    return "\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def git_rev() -> str | None:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "packages"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (rev + ("+dirty" if dirty else "")) or None
+
+
+def version_of(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="TorchLens capture overhead benchmark (CPU).")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 3 runs, 1 warm-up, no peers; writes results/quick.*")
+    p.add_argument("--runs", type=int, help="timed runs per method (default 9; --quick 3)")
+    p.add_argument("--warmup", type=int, help="untimed runs per method first (default 2)")
+    p.add_argument("--peer-runs", type=int, default=5, help="runs for torchlens 2.36.1")
+    p.add_argument("--peer-warmup", type=int, default=1)
+    p.add_argument("--peer-timeout", type=int, default=1200, help="seconds for the peer process")
+    p.add_argument("--peer-python", help="interpreter with torchlens 2.36.1 (default: the "
+                                         "bench-peer hatch env, created when missing)")
+    p.add_argument("--skip", default="", help="comma-separated methods not to time: "
+                                              + ", ".join(k for k in ROWS if k != "plain"))
+    p.add_argument("--no-scaling", action="store_true", help="skip the GPT-2 layer sweep")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--gpt2", choices=GPT2_CLASSES, default="lm",
+                   help="lm: GPT2LMHeadModel (default); base: GPT2Model, no LM head")
+    p.add_argument("--gpt2-scaling", choices=GPT2_CLASSES, default="base",
+                   help="GPT-2 class of the layer sweep (default base: the stack alone, so the "
+                        "LM head's one large matmul does not swamp the per-op figure)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's default)")
+    p.add_argument("--json", help="write all figures here (default results/latest.json; "
+                                  "a .md table is written beside it)")
+    args = p.parse_args(argv)
+    args.runs = args.runs or (3 if args.quick else 9)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    args.models = [m for m in args.models.split(",") if m]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if args.quick:
+        skip |= set(PEERS)
+    unknown = skip - set(ROWS)
+    if unknown or "plain" in skip:
+        print(f"--skip: unknown or unskippable method(s) {sorted(unknown | (skip & {'plain'}))}",
+              file=sys.stderr)
+        return 2
+    warnings.simplefilter("ignore")
+
+    import torchlens as tl
+
+    json_path = Path(args.json) if args.json else (
+        HERE / "results" / ("quick.json" if args.quick else "latest.json"))
+    md_path = json_path.with_suffix(".md")
+    started = time.perf_counter()
+    load_start = os.getloadavg()[0]
+    if load_start > 0.5 * (os.cpu_count() or 1):
+        print(f"warning: load average {load_start:.1f} on {os.cpu_count()} cores -- other work is "
+              "running; timings will be noisy (try --threads 1 on a shared machine)", flush=True)
+
+    results = bench_models(tl, args, skip)
+    peer: dict[str, Any] = {}
+    if "peer_tl" not in skip:
+        peer = run_peer(args, args.models)
+        if peer.get("error"):
+            print(f"torchlens 2.36.1 peer not measured: {peer['error']}", flush=True)
+    scaling = None if args.no_scaling else bench_scaling(tl, args)
+
+    versions = {"torchinfo": version_of("torchinfo"), "torchview": version_of("torchview"),
+                "peer_tl": peer.get("version", "2.36.1")}
+    ratios = ratio_table(results, peer)
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "config": {"torchlens": getattr(tl, "__version__", "?"), "git": git_rev(),
+                   "models": args.models, "gpt2_class": args.gpt2,
+                   "gpt2_scaling_class": args.gpt2_scaling, "runs": args.runs,
+                   "warmup": args.warmup,
+                   "peer_runs": args.peer_runs, "peer_warmup": args.peer_warmup,
+                   "quick": args.quick, "skipped": sorted(skip)},
+        "versions": versions,
+        "models": results,
+        "peer": peer,
+        "ratios": ratios,
+        "absolute_ms": abs_table(results, peer),
+        "why_missing": reasons(results, peer, skip),
+        "scaling": scaling,
+    }
+    report["targets"] = targets(ratios, scaling, args.models)
+    report["elapsed_s"] = time.perf_counter() - started
+    report["machine"]["load_avg_1min"] = {"start": load_start, "end": os.getloadavg()[0]}
+
+    print()
+    print(render(report, markdown=False))
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
+    md_path.write_text(render(report, markdown=True), encoding="utf-8")
+    print(f"wrote {json_path} and {md_path} ({report['elapsed_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
