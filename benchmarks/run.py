@@ -55,6 +55,7 @@ ROWS = {
     "tl_meta": 'torchlens trace(save=None)',
     "tl_all": 'torchlens trace(save="all")',
     "tl_draw": 'torchlens draw(file_format="svg")',
+    "tl_record": "torchlens record(save=4 ops)",
     "torchinfo": "torchinfo {v} summary",
     "torchview": "torchview {v} draw_graph",
     "peer_tl": "torchlens {v} trace (all activations)",
@@ -87,6 +88,17 @@ def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
         methods["tl_meta"] = trace(None)
     if "tl_all" not in skip:
         methods["tl_all"] = trace("all")
+
+    if "tl_record" not in skip and hasattr(tl, "record"):
+        with torch.no_grad():
+            labels = [op.label for op in tl.trace(model, x, save=None) if op.kind == "op"]
+        picked = labels[:: max(1, len(labels) // 4)][:4]  # four ops spread over the forward
+
+        def record() -> Any:
+            with torch.no_grad():
+                return tl.record(model, x, save=picked, progress=False)
+
+        methods["tl_record"] = record
 
     if "tl_draw" not in skip:
         if hasattr(tl, "draw"):
