@@ -209,3 +209,22 @@ def test_trace_inside_traced_forward_refuses():
     with pytest.raises(tl.TorchLensError) as err:
         tl.trace(Inner(), torch.rand(2))
     assert err.value.code == "nested_trace"
+
+
+def test_addmm_and_baddbmm_flops_match_torch():
+    class Conv1DLike(nn.Module):  # Hugging Face GPT-2's Conv1D: addmm(bias, x, weight)
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.rand(8, 12))
+            self.bias = nn.Parameter(torch.rand(12))
+
+        def forward(self, x):
+            y = torch.addmm(self.bias, x.view(-1, 8), self.weight)
+            return torch.baddbmm(torch.zeros(2, 3, 3), y.view(2, 3, 4), y.view(2, 4, 3))
+
+    model, x = Conv1DLike(), torch.rand(6, 8)
+    trace = tl.trace(model, x)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(x)
+    assert trace["addmm_1"].flops and trace["baddbmm_1"].flops
+    assert trace.total_flops == counter.get_total_flops()

@@ -20,8 +20,8 @@ def _raw(formula: Callable) -> Callable:
     return getattr(formula, "__wrapped__", formula)
 
 
-_mm, _addmm, _bmm, _baddbmm = (_raw(f) for f in (fc.mm_flop, fc.addmm_flop, fc.bmm_flop,
-                                                  fc.baddbmm_flop))
+MM, ADDMM, BMM, BADDBMM = (_raw(f) for f in (fc.mm_flop, fc.addmm_flop, fc.bmm_flop,
+                                              fc.baddbmm_flop))
 
 
 def _shape(t: Any) -> list[int] | None:
@@ -36,7 +36,7 @@ def _linear(args, kwargs, out):
     x, w = _shape(_arg(args, kwargs, 0, "input")), _shape(_arg(args, kwargs, 1, "weight"))
     if x is None or w is None or len(w) != 2:
         return None
-    return _mm([prod(x[:-1]), x[-1]], [w[1], w[0]])
+    return MM([prod(x[:-1]), x[-1]], [w[1], w[0]])
 
 
 def _conv(transposed: bool):
@@ -56,17 +56,17 @@ def _matmul(args, kwargs, out):
     a = a if len(a) > 1 else [1] + a
     b = b if len(b) > 1 else b + [1]
     batch = prod(out.shape[:-2]) if out.dim() > 2 else 1
-    return _bmm([batch, a[-2], a[-1]], [batch, b[-2], b[-1]])
+    return BMM([batch, a[-2], a[-1]], [batch, b[-2], b[-1]])
 
 
 def _addmm(args, kwargs, out):
     a, b = _shape(_arg(args, kwargs, 1, "mat1")), _shape(_arg(args, kwargs, 2, "mat2"))
-    return _addmm(None, a, b) if a and b else None
+    return ADDMM(None, a, b) if a and b else None
 
 
 def _baddbmm(args, kwargs, out):
     a, b = _shape(_arg(args, kwargs, 1, "batch1")), _shape(_arg(args, kwargs, 2, "batch2"))
-    return _baddbmm(None, a, b) if a and b else None
+    return BADDBMM(None, a, b) if a and b else None
 
 
 def _sdpa(args, kwargs, out):
