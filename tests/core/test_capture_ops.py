@@ -220,7 +220,7 @@ def test_addmm_and_baddbmm_flops_match_torch():
 
         def forward(self, x):
             y = torch.addmm(self.bias, x.view(-1, 8), self.weight)
-            return torch.baddbmm(torch.zeros(2, 3, 3), y.view(2, 3, 4), y.view(2, 4, 3))
+            return torch.baddbmm(torch.zeros(2, 3, 3), y.view(2, 3, 12), y.view(2, 12, 3))
 
     model, x = Conv1DLike(), torch.rand(6, 8)
     trace = tl.trace(model, x)
