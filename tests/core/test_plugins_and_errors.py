@@ -109,3 +109,27 @@ def test_warning_contract_filterable_by_code():
         warnings.filterwarnings("ignore", message="nongold_raw_value_read")
         warn("nongold_raw_value_read", "x")
     assert not caught
+
+
+def test_decode_output_hook_answers_for_gold_traces():
+    """torchlens_decode_output: a plugin's semantics win over the core's labels fallback."""
+    from torchlens.types import DecodedOutput
+
+    class Decoder:
+        @tl.hookimpl
+        def torchlens_decode_output(self, trace, k):
+            return DecodedOutput(f"top of {trace.meta['model_class']}", [{"rank": 1}] * k, "me")
+
+    pm = get_plugin_manager()
+    plugin = Decoder()
+    pm.register(plugin)
+    try:
+        trace = tl.trace(Doubler(), torch.rand(3))
+        assert str(trace.decode_output()) == "top of Doubler"
+        assert trace.output_table(k=2) == [{"rank": 1}, {"rank": 1}]
+        declared = tl.trace(Doubler(), input_shape=(3,))
+        with pytest.raises(tl.TorchLensError) as err:
+            declared.decode_output()
+        assert err.value.code == "nongold_semantics_unavailable"
+    finally:
+        pm.unregister(plugin)

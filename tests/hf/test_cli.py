@@ -21,3 +21,13 @@ def test_summary_of_a_model_folder_from_text(gpt2):
 def test_text_and_shape_are_exclusive(gpt2):
     out = run("summary", str(gpt2.path), "--text", "hi", "--input-shape", "1,4")
     assert out.returncode == 2 and "exclusive" in out.stderr
+
+
+def test_load_model_hook_loads_a_folder_offline(gpt2):
+    """torchlens_load_model: the HF plugin loads a local folder with its tokenizer attached."""
+    from torchlens.plugins import hook
+
+    model = hook().torchlens_load_model(path=str(gpt2.path))
+    assert type(model).__name__ == "GPT2LMHeadModel" and not model.training
+    assert model.tokenizer is not None
+    assert hook().torchlens_load_model(path=str(gpt2.path.parent)) is None
