@@ -100,4 +100,5 @@ def test_module_built_inside_forward_is_disclosed():
                for r in rows)
     assert {tuple(r["shape"]) for r in rows} == {(4, 3), (4,)}
     assert trace.params["lazy.weight"]["shape"] == [4, 3]
+    assert trace.modules["lazy"].type == "LazyLinear" or trace.modules["lazy"].type == "Linear"
     assert trace.num_params == sum(p.numel() for p in model.parameters())

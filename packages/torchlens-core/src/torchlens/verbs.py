@@ -109,7 +109,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     else:
         with declared_forward(res, "trace"):
             result = capture(model, res.args, res.kwargs, save=save)
-        _warn_bn_train(model)
+        _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
     result._objects = {"model": model, "labels": labels, **res.objects}
     if intervention_ready:
@@ -166,14 +166,9 @@ def draw(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None 
     return render_drawing(result, receipt=result.receipt, **dials)
 
 
-def _warn_bn_train(model: nn.Module) -> None:
+def _warn_bn_train(mutated: list[str]) -> None:
     global _bn_warned
-    if _bn_warned:
-        return
-    mutated = [n for n, m in model.named_modules()
-               if isinstance(m, nn.modules.batchnorm._NormBase) and m.training
-               and m.track_running_stats]
-    if mutated:
+    if mutated and not _bn_warned:
         _bn_warned = True
         warn("batchnorm_train_stats_mutated",
              f"the model is in train mode, so this capture updated the running statistics of "

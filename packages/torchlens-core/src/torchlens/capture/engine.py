@@ -70,7 +70,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     if replay:
         state.calls, state.live = {}, {}
     calls: list[dict] = []
-    handles = _install_module_hooks(model, state, calls, save_modules)
+    named_modules = list(model.named_modules())
+    handles = _install_module_hooks(named_modules, state, calls, save_modules)
     _add_inputs(state, args, kwargs)
     structure = None
     _active.depth = getattr(_active, "depth", 0) + 1
@@ -83,15 +84,15 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
         _active.depth -= 1
         for h in handles:
             h.remove()
-        partial = _build(model, state, calls, None, aliases, time.perf_counter_ns() - t0,
-                         save, provenance, partial=True)
+        partial = _build(model, named_modules, state, calls, None, aliases,
+                         time.perf_counter_ns() - t0, save, provenance, partial=True)
         _attach_failure(exc, state, partial)
         raise
     _active.depth -= 1
     for h in handles:
         h.remove()
-    result = _build(model, state, calls, structure, aliases, time.perf_counter_ns() - t0, save,
-                    provenance)
+    result = _build(model, named_modules, state, calls, structure, aliases,
+                    time.perf_counter_ns() - t0, save, provenance)
     if replay:
         result._replay = {"calls": state.calls, "live": state.live, "output": out,
                           "grads": state.grads, "versions": state.versions}
@@ -108,7 +109,7 @@ def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str
     _, save_labels, save_modules = parse_save(list(save), model)
     state = CaptureState({}, {}, False, save_labels)
     state.light = {}
-    handles = _install_module_hooks(model, state, [], save_modules)
+    handles = _install_module_hooks(list(model.named_modules()), state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
         with LightRecorder(state):
@@ -120,12 +121,12 @@ def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str
     return state.light
 
 
-def _install_module_hooks(model, state, calls, save_modules):
+def _install_module_hooks(named_modules, state, calls, save_modules):
     handles = []
     counts: dict[str, int] = {}
     frames = state.frames
 
-    for address, module in model.named_modules():
+    for address, module in named_modules:
         if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
             # runs before the module's own initializing pre-hook; ``pre`` below ends the pause
             def pause(mod, args):
@@ -245,7 +246,7 @@ def _add_outputs(state: CaptureState, out: Any) -> dict:
     return walk(out, "", 0)
 
 
-def _build(model, state, calls, structure, aliases, elapsed_ns, save, provenance,
+def _build(model, named_modules, state, calls, structure, aliases, elapsed_ns, save, provenance,
            partial=False) -> Trace:
     records = state.records
     ops: list[Op] = []
@@ -315,7 +316,13 @@ def _build(model, state, calls, structure, aliases, elapsed_ns, save, provenance
             labels[call["start"]:call["end"]], [labels[i] for i in call["outputs"]],
             call["time_ns"]))
     modules = {}
-    for address, module in model.named_modules():
+    train_bn = []
+    if state.advisories:  # the forward built modules: list them too
+        named_modules = list(model.named_modules())
+    for address, module in named_modules:
+        if isinstance(module, nn.modules.batchnorm._NormBase) and module.training and \
+                module.track_running_stats:
+            train_bn.append(address)
         if address:
             modules[address] = Module(address, type(module).__name__, address.count(".") + 1,
                                       recursive.get(address, 0), by_address.get(address, []))
@@ -330,6 +337,7 @@ def _build(model, state, calls, structure, aliases, elapsed_ns, save, provenance
         "capture_ns": elapsed_ns,
         "partial": partial,
         "root_params": recursive.get("", 0),
+        "train_mode_batchnorm": train_bn,
     }
     return Trace(ops, modules, params, buffers, structure or {"type": "value", "repr": None},
                  meta, provenance=provenance,
