@@ -160,3 +160,21 @@ def test_input_kwargs_alone_is_a_real_input(count_forwards):
     trace = tl.trace(model, input_kwargs={"x": torch.rand(2, 8)})
     assert trace.provenance["origin"] == "gold" and calls.n == 1
     assert trace.provenance["slots"][0]["slot"] == "x"
+
+
+def test_a_failing_list_input_says_how_to_pass_one_list_argument():
+    """torchlens#43: a list is positional args; the failure note shows the wrapped form."""
+    import torch
+    from torch import nn
+
+    import torchlens as tl
+
+    class TakesList(nn.Module):
+        def forward(self, images):
+            return torch.stack(images).sum()
+
+    with pytest.raises(TypeError) as err:
+        tl.trace(TakesList(), [torch.rand(2), torch.rand(2)])
+    assert "tl.trace(model, (x,))" in " ".join(err.value.__notes__)
+    trace = tl.trace(TakesList(), ([torch.rand(2), torch.rand(2)],))
+    assert [op.slot for op in trace.inputs] == ["0[0]", "0[1]"]

@@ -14,7 +14,7 @@ from torch import nn
 from .capture.engine import capture, capturing, parse_save
 from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash
 from .errors import CaptureError, InputError, StateError, warn
-from .ladder import ABSENT, Resolution, declared_forward, resolve
+from .ladder import ABSENT, Resolution, forward_errors, resolve
 from .storage import load_trace
 from .summary import Summary
 from .trace import Trace
@@ -107,7 +107,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
                 "policy": "eval + no-grad, the mode inference verified",
             }
     else:
-        with declared_forward(res, "trace"):
+        with forward_errors(res, "trace"):
             result = capture(model, res.args, res.kwargs, save=save)
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
@@ -130,7 +130,7 @@ def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, inp
         probe=lambda a, k: pinned_capture(model, a, k, save=None, surface=surface))
     result = res.verified
     if result is None:
-        with declared_forward(res, surface):
+        with forward_errors(res, surface):
             result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface)
     result.provenance = res.provenance
     result._objects = {"model": model, **res.objects}

@@ -24,7 +24,7 @@ from .synth import model_device, synthesize
 
 ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "<absent>"})()
 
-__all__ = ["ABSENT", "MAX_PROBES", "Inference", "Resolution", "declared_forward", "infer",
+__all__ = ["ABSENT", "MAX_PROBES", "Inference", "Resolution", "forward_errors", "infer",
            "resolve"]
 
 
@@ -37,6 +37,7 @@ class Resolution:
     provenance: dict[str, Any]
     objects: dict[str, Any] = field(default_factory=dict)
     verified: Any = None
+    given: str = ""  # the type name of the caller's real input, for error hints
 
 
 def resolve(model: nn.Module, value: Any = ABSENT, *, input_kwargs: dict | None = None,
@@ -66,7 +67,8 @@ def resolve(model: nn.Module, value: Any = ABSENT, *, input_kwargs: dict | None 
     if has_real or input_kwargs:
         real = resolve_real(model, value if has_real else (), input_kwargs, surface, options)
         record = prov.gold(surface, real.args, real.kwargs, real.facts or None)
-        return Resolution(real.args, real.kwargs, record, real.objects)
+        return Resolution(real.args, real.kwargs, record, real.objects,
+                          given=type(value).__name__ if has_real else "")
     if input_shape is not None:
         sig = forward_signature(model)
         slots = parse_input_shape(input_shape, model, sig)
@@ -85,12 +87,17 @@ def resolve(model: nn.Module, value: Any = ABSENT, *, input_kwargs: dict | None 
 
 
 @contextlib.contextmanager
-def declared_forward(res: Resolution, surface: str = "trace") -> Iterator[None]:
-    """Wrap the forward of a declared-shape call: if it raises, refuse typed (``forward_failed``)
-    naming the declared shape -- never fall through to inference. Other rungs pass errors on."""
+def forward_errors(res: Resolution, surface: str = "trace") -> Iterator[None]:
+    """Wrap a surface's forward. A declared-shape call that raises refuses typed
+    (``forward_failed``) naming the declared shape -- never falling through to inference; a real
+    list input that raises gets a note on how to pass a list as one argument."""
     try:
         yield
     except Exception as exc:
+        if res.given == "list" and not isinstance(exc, TorchLensError):
+            exc.add_note(f"torchlens: a list input is passed as positional arguments "
+                         f"(model(*x)); to pass the list itself as one argument, wrap it: "
+                         f"tl.{surface}(model, (x,))")
         if res.provenance.get("origin") != "declared" or isinstance(exc, TorchLensError):
             raise
         shapes = ", ".join(f"{s['slot']}: {tuple(s['shape'])} {s['dtype']} {s['recipe']}"
