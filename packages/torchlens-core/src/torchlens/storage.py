@@ -97,7 +97,7 @@ def _trace_from(meta: dict, tensors: dict, tuple_ops: set) -> Trace:
     modules = {}
     for m in meta["modules"]:
         calls = [ModuleCall(c["address"], c["pass_num"], c["type"], c["ops"], c["output_ops"],
-                            c["time_ns"]) for c in m["calls"]]
+                            c["time_ns"], positions=c["positions"]) for c in m["calls"]]
         modules[m["address"]] = Module(m["address"], m["type"], m["depth"], m["num_params"],
                                        calls)
     return Trace(ops, modules, meta["params"], meta["buffers"], meta["output_structure"],

@@ -99,11 +99,15 @@ OP_FIELDS = tuple(f.name for f in fields(Op) if not f.name.startswith("_"))
 class ModuleCall:
     """One call of a submodule: its ops and the ops that produced its output."""
 
-    __slots__ = ("address", "pass_num", "type", "ops", "output_ops", "time_ns", "_trace")
+    __slots__ = ("address", "pass_num", "type", "ops", "output_ops", "time_ns", "positions",
+                 "_trace")
 
-    def __init__(self, address, pass_num, type, ops, output_ops, time_ns, trace=None):
+    def __init__(self, address, pass_num, type, ops, output_ops, time_ns, trace=None,
+                 positions=None):
         self.address, self.pass_num, self.type = address, pass_num, type
         self.ops, self.output_ops, self.time_ns = ops, output_ops, time_ns
+        # which tensor of each output op's result (an LSTM returns several from one op)
+        self.positions = positions if positions is not None else [0] * len(output_ops)
         self._trace = trace
 
     @property
@@ -113,7 +117,10 @@ class ModuleCall:
     @property
     def out(self) -> Any:
         """The saved output of this call (a tensor, or a tuple when it returned several)."""
-        values = [self._trace[label].out for label in self.output_ops]
+        values = []
+        for label, position in zip(self.output_ops, self.positions):
+            value = self._trace[label].out
+            values.append(value[position] if isinstance(value, tuple) else value)
         if not values:
             raise TorchLensError(
                 f"module call {self.label} returned no tensor produced inside the capture",
@@ -123,7 +130,7 @@ class ModuleCall:
 
     def row(self) -> dict[str, Any]:
         return {s: getattr(self, s) for s in ("address", "pass_num", "type", "ops", "output_ops",
-                                              "time_ns")}
+                                              "time_ns", "positions")}
 
     def __repr__(self) -> str:
         return f"<ModuleCall {self.label} ({self.type}): {len(self.ops)} ops>"
@@ -305,7 +312,8 @@ class Trace:
             module_globals=frame.f_globals)
 
     def run(self, input: Any, /, *, input_kwargs: dict | None = None, **options: Any) -> Trace:
-        """Trace the same model again on a new real input with this trace's capture options.
+        """Trace the same model again on a new real input with this trace's capture options
+        (``save=`` / ``intervention_ready=`` given here override them).
 
         On an ``intervention_ready`` trace the model's state is checked against the baseline
         first; a changed model refuses ``state_changed`` naming what changed.
@@ -331,9 +339,9 @@ class Trace:
                     code="state_changed",
                     teach=["tl.trace(model, x, intervention_ready=True)  # a new baseline"])
         saved = self.meta.get("options", {})
-        return trace_verb(model, input, input_kwargs=input_kwargs,
-                          save=saved.get("save", "all"),
-                          intervention_ready=bool(saved.get("intervention_ready")), **options)
+        options.setdefault("save", saved.get("save", "all"))
+        options.setdefault("intervention_ready", bool(saved.get("intervention_ready")))
+        return trace_verb(model, input, input_kwargs=input_kwargs, **options)
 
     def decode_output(self, k: int = 5, labels: Any = None):
         """The output's meaning (next token, class label) for a gold trace; refuses otherwise."""
@@ -368,7 +376,12 @@ def _rebuild(node: Any, trace: Trace) -> Any:
         return tuple(items) if kind == "tuple" else items
     if kind == "dict":
         return {key: _rebuild(item, trace) for key, item in zip(node["keys"], node["items"])}
-    return node.get("repr")
+    if "value" in node:
+        return node["value"]
+    objects = trace._objects.get("output_values") or []
+    if node.get("object") is not None and node["object"] < len(objects):
+        return objects[node["object"]]
+    return node.get("repr")  # a loaded trace: the object's repr
 
 
 def tensor_facts(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from .capture.engine import capture, capturing, parse_save
+from .capture.engine import capture, capturing, parse_save, saves_nothing
 from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash
 from .errors import CaptureError, InputError, StateError, warn
 from .ladder import ABSENT, Resolution, forward_errors, resolve
@@ -100,7 +100,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"))
     if res.verified is not None:
         result = res.verified
-        if save is not None and save is not False:
+        if not saves_nothing(save):
             result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace")
             res.provenance["recapture"] = {
                 "reason": f"save={save!r} is not satisfied by the metadata-only verified capture",
@@ -111,7 +111,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
             result = capture(model, res.args, res.kwargs, save=save)
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
-    result._objects = {"model": model, "labels": labels, **res.objects}
+    result._objects.update({"model": model, "labels": labels, **res.objects})
     if intervention_ready:
         prints = state_fingerprints(model)
         result.meta["state_baseline"] = {"digest": state_hash(model, fingerprints=prints),
@@ -133,7 +133,7 @@ def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, inp
         with forward_errors(res, surface):
             result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface)
     result.provenance = res.provenance
-    result._objects = {"model": model, **res.objects}
+    result._objects.update({"model": model, **res.objects})
     return result
 
 

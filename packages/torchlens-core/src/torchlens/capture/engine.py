@@ -17,7 +17,7 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.parameter import is_lazy
 
 from .. import __version__ as _tl_version
-from ..errors import InputTypeError
+from ..errors import InputError, InputTypeError
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace, tensor_facts
 from .recorder import CaptureState, LightRecorder, Recorder, snapshot
 
@@ -29,11 +29,16 @@ def capturing() -> bool:
     return getattr(_active, "depth", 0) > 0
 
 
+def saves_nothing(save: Any) -> bool:
+    """``save=None`` (also ``False`` or the text ``"none"``): metadata only."""
+    return save is None or save is False or save == "none"
+
+
 def parse_save(save: Any, model: nn.Module) -> tuple[bool, set[str], set[str]]:
     """Split ``save=`` into (all, labels, module addresses); module addresses are checked now."""
     if save == "all":
         return True, set(), set()
-    if save is None or save is False:
+    if saves_nothing(save):
         return False, set(), set()
     if isinstance(save, str):
         save = [save]
@@ -65,7 +70,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
             aliases.setdefault(first, []).append(name)
     buffer_ids = {id(b): name for name, b in model.named_buffers()}
     state = CaptureState(param_ids, buffer_ids, save_all, save_labels)
-    state.keep_outputs = save is not None and save is not False
+    state.keep_outputs = not saves_nothing(save)
     state.model = model
     if replay:
         state.calls, state.live = {}, {}
@@ -93,10 +98,27 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
         h.remove()
     result = _build(model, named_modules, state, calls, structure, aliases,
                     time.perf_counter_ns() - t0, save, provenance)
+    result._objects["output_values"] = state.output_objects
+    _check_selection(result, save_labels)
     if replay:
         result._replay = {"calls": state.calls, "live": state.live, "output": out,
                           "grads": state.grads, "versions": state.versions}
     return result
+
+
+def _check_selection(trace: Trace, labels: set[str]) -> None:
+    """``save=`` labels that matched no op refuse (a typo would silently save nothing)."""
+    known = {op.label for op in trace.ops} | {op.base_label for op in trace.ops}
+    unknown = sorted(labels - known)
+    if unknown:
+        import difflib
+
+        close = [m for u in unknown for m in difflib.get_close_matches(u, known, n=2)]
+        raise InputError(
+            f"save= names {unknown}, which match no op label or module address of this forward",
+            code="save_selection_invalid",
+            teach=([f"tl.trace(model, x, save={close!r})"] if close else [])
+            + ["tl.trace(model, x, save=None)  # then list the labels: [op.label for op in t]"])
 
 
 def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str]
@@ -165,7 +187,8 @@ def _install_module_hooks(named_modules, state, calls, save_modules):
                 index = state.producer(t)
                 if index is None:
                     continue
-                outs.append(index)
+                entry = state.tensors[id(t)]
+                outs.append((index, entry[3] if entry[0] == index else 0))
                 if address in save_modules and index not in state.values:
                     state.values[index] = snapshot(t)
             calls.append({
@@ -218,6 +241,9 @@ def _add_inputs(state: CaptureState, args: tuple, kwargs: dict) -> None:
             state.register(t, index)
 
 
+_PLAIN = (bool, int, float, str)
+
+
 def _add_outputs(state: CaptureState, out: Any) -> dict:
     counter = [0]
 
@@ -231,17 +257,23 @@ def _add_outputs(state: CaptureState, out: Any) -> dict:
                 state, "output", label, "output", value,
                 [producer] if producer is not None else [], path or "output"))
             if state.keep_outputs:
-                state.values[index] = value.detach()
+                state.values[index] = snapshot(value)
             return {"type": "tensor", "label": label}
         if depth < 8 and isinstance(value, Mapping):
-            keys = [str(k) for k in value]
+            keys = [k if isinstance(k, _PLAIN) else str(k) for k in value]
             return {"type": "dict", "cls": type(value).__name__, "keys": keys,
                     "items": [walk(value[k], f"{path}[{k!r}]", depth + 1) for k in value]}
         if depth < 8 and isinstance(value, (tuple, list)):
             return {"type": "list" if isinstance(value, list) else "tuple",
                     "cls": type(value).__name__,
                     "items": [walk(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]}
-        return {"type": "value", "cls": type(value).__name__, "repr": repr(value)[:200]}
+        node = {"type": "value", "cls": type(value).__name__, "repr": repr(value)[:200]}
+        if value is None or isinstance(value, _PLAIN):
+            node["value"] = value  # JSON-safe: saved as it is
+        else:
+            node["object"] = len(state.output_objects)  # kept in memory, never saved
+            state.output_objects.append(value)
+        return node
 
     return walk(out, "", 0)
 
@@ -256,7 +288,7 @@ def _build(model, named_modules, state, calls, structure, aliases, elapsed_ns, s
             children[p].append(i)
     module_outputs: dict[int, list[str]] = {}
     for call in calls:
-        for index in call["outputs"]:
+        for index in {i for i, _ in call["outputs"]}:
             module_outputs.setdefault(index, []).append(f"{call['address']}:{call['pass_num']}")
     labels = [rec["label"] for rec in records]
     values = state.values
@@ -313,8 +345,8 @@ def _build(model, named_modules, state, calls, structure, aliases, elapsed_ns, s
     for call in sorted(calls, key=lambda c: (c["address"], c["pass_num"])):
         by_address.setdefault(call["address"], []).append(ModuleCall(
             call["address"], call["pass_num"], call["type"],
-            labels[call["start"]:call["end"]], [labels[i] for i in call["outputs"]],
-            call["time_ns"]))
+            labels[call["start"]:call["end"]], [labels[i] for i, _ in call["outputs"]],
+            call["time_ns"], positions=[pos for _, pos in call["outputs"]]))
     modules = {}
     train_bn = []
     if state.advisories:  # the forward built modules: list them too

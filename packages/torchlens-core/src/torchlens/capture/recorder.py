@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import weakref
 from functools import partial
+from math import prod
 from time import perf_counter_ns
 from typing import Any
 
@@ -49,7 +50,8 @@ class CaptureState:
         self.records: list[dict[str, Any]] = []
         self.values: dict[int, Any] = {}
         self.tensors: dict[int, tuple[int, Any, int]] = {}  # id -> (record, weakref, version)
-        self.mutations: dict[int, int] = {}  # storage data_ptr -> record index of last in-place op
+        # storage data_ptr -> in-place writes on it: (record index, offset, shape, stride)
+        self.writes: dict[int, list[tuple]] = {}
         self.param_ids, self.buffer_ids = param_ids, buffer_ids
         self.save_all, self.save_labels = save_all, save_labels
         # [address, pass, per-call name counters, first record, start ns, module, stack labels]
@@ -60,6 +62,7 @@ class CaptureState:
         self.model: Any = None
         self.suspended = 0  # > 0 while a lazy module initializes its parameters
         self.light: dict[str, Any] | None = None  # selected values of a light capture
+        self.output_objects: list[Any] = []  # non-JSON output values, kept in memory
         self.calls: dict[int, tuple] | None = None  # replay templates, when asked for
         self.live: dict[int, Any] | None = None  # the real output tensors, when asked for
         self.grads: dict[tuple[int, int], Any] = {}  # output gradients seen by tensor hooks
@@ -75,17 +78,20 @@ class CaptureState:
         copied constant, so the call can be replayed from saved values."""
         if isinstance(value, Tensor):
             key = id(value)
-            if key in self.param_ids:
+            index = self.producer(value) if key in self.tensors else None
+            if index is None and key in self.param_ids:
                 return ("param", self.param_ids[key])
-            if key in self.buffer_ids:
+            if index is None and key in self.buffer_ids:
                 return ("buffer", self.buffer_ids[key])
-            index = self.producer(value)
             if index is not None:
                 entry = self.tensors[key]
                 if entry[0] == index:
                     return ("op", index, entry[3])
-                # written in place through another view: replay reads the writer's value
-                return ("op", index, 0, tuple(value.shape))
+                # written in place through another view: replay reads the writer's value when
+                # it holds exactly these elements, else the value as it is now
+                written = self.records[index]["shape"] if index < len(self.records) else None
+                if written is not None and prod(written) == value.numel():
+                    return ("op", index, 0, tuple(value.shape))
             return ("const", value.detach().clone())
         if isinstance(value, (tuple, list)) and depth < 3:
             return type(value)(self.template(v, depth + 1) for v in value) if not hasattr(
@@ -99,10 +105,15 @@ class CaptureState:
         if entry is None or entry[1]() is not t:
             return None
         index = entry[0]
-        if t._version != entry[2] and self.mutations:
-            writer = self.mutations.get(_storage_key(t))
-            if writer is not None and writer > index:
-                return writer
+        if t._version != entry[2] and self.writes:
+            # written in place since (through itself or a view): the latest write that touches
+            # this tensor's elements is what a read sees
+            geometry = (t.storage_offset(), tuple(t.shape), t.stride())
+            for write in reversed(self.writes.get(_storage_key(t), ())):
+                if write[0] <= index:
+                    break
+                if _overlap(geometry, write[1:]):
+                    return write[0]
         return index
 
     def adopt_parameter(self, p: Tensor) -> str | None:
@@ -137,6 +148,29 @@ class CaptureState:
 
     def module_stack(self) -> tuple[str, ...]:
         return self.frames[-1][6]
+
+
+def _span(offset: int, shape: tuple, stride: tuple) -> tuple[int, int]:
+    if not all(shape):
+        return offset, offset
+    return offset, offset + sum((n - 1) * abs(s) for n, s in zip(shape, stride)) + 1
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    """Whether two views (offset, shape, stride) of one storage share an element: exact for
+    small views, by span beyond that (never misses an overlap)."""
+    if a == b:
+        return True
+    (lo_a, hi_a), (lo_b, hi_b) = _span(*a), _span(*b)
+    if hi_a <= lo_b or hi_b <= lo_a:
+        return False
+    if max(hi_a, hi_b) > 1 << 20 or any(s < 0 for s in a[2] + b[2]):
+        return True
+    with torch._C.DisableTorchFunction():  # module hooks call this while the recorder is on
+        base = torch.arange(max(hi_a, hi_b))
+        elements_a = base.as_strided(a[1], a[2], a[0]).reshape(-1)
+        elements_b = base.as_strided(b[1], b[2], b[0]).reshape(-1)
+        return bool(torch.isin(elements_a, elements_b).any())
 
 
 def _keep_grad(store: dict, key: tuple[int, int], grad: Tensor) -> None:
@@ -228,6 +262,10 @@ class Recorder(TorchFunctionMode):
         param_ids, buffer_ids = s.param_ids, s.buffer_ids
         for t in inputs:
             key = id(t)
+            # a parameter or buffer written in place during the forward reads from its writer
+            index = s.producer(t) if key in s.tensors else None
+            if index is not None and index not in parents:
+                parents.append(index)
             p = param_ids.get(key)
             if p is not None:
                 params.append(p)
@@ -236,11 +274,7 @@ class Recorder(TorchFunctionMode):
             if b is not None:
                 buffers.append(b)
                 continue
-            index = s.producer(t)
-            if index is not None:
-                if index not in parents:
-                    parents.append(index)
-            elif isinstance(t, Parameter) and s.model is not None:
+            if isinstance(t, Parameter) and s.model is not None:
                 if isinstance(t, UninitializedTensorMixin):
                     return  # a lazy module materializing itself: not an op of the model
                 adopted = s.adopt_parameter(t)
@@ -279,7 +313,8 @@ class Recorder(TorchFunctionMode):
         for position, t in enumerate(out_tensors):
             s.register(t, index, position)
         if inplace:
-            s.mutations[_storage_key(first)] = index
+            s.writes.setdefault(_storage_key(first), []).append(
+                (index, first.storage_offset(), tuple(first.shape), first.stride()))
 
     def _note_failure(self, func, args, kwargs, exc) -> None:
         s = self.state
