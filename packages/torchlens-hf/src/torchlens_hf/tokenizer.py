@@ -53,22 +53,11 @@ def find_tokenizer(model: nn.Module, options: dict[str, Any], surface: str = "tr
     if processor is not None and getattr(processor, "tokenizer", None) is not None:
         return processor.tokenizer, "processor"
     path = _path(model)
-    why = "the model has no name_or_path (built from a config)"
-    if path:
-        if _local_folder_lacks(path, _TOKENIZER_FILES):
-            why = f"{path!r} holds no tokenizer files"
-        else:
-            from transformers import AutoTokenizer
-
-            try:
-                tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            except Exception as exc:  # any loader failure means "not found"
-                why = f"AutoTokenizer.from_pretrained({path!r}, local_files_only=True) failed: " \
-                      f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
-            else:
-                if len(tok) > len(getattr(tok, "all_special_ids", [])):
-                    return tok, "name_or_path"
-                why = f"the tokenizer found at {path!r} has no vocabulary beyond special tokens"
+    tok, why = _load_offline("AutoTokenizer", path, _TOKENIZER_FILES, "tokenizer")
+    if tok is not None:
+        if len(tok) > len(getattr(tok, "all_special_ids", [])):
+            return tok, "name_or_path"
+        why = f"the tokenizer found at {path!r} has no vocabulary beyond special tokens"
     if not required:
         return None, None
     raise InputError(
@@ -86,18 +75,9 @@ def find_processor(model: nn.Module, options: dict[str, Any], surface: str = "tr
     if attached is not None and callable(attached):
         return attached, "attribute"
     path = _path(model)
-    why = "the model has no name_or_path (built from a config)"
-    if path:
-        if _local_folder_lacks(path, _PROCESSOR_FILES):
-            why = f"{path!r} holds no processor files"
-        else:
-            from transformers import AutoProcessor
-
-            try:
-                return AutoProcessor.from_pretrained(path, local_files_only=True), "name_or_path"
-            except Exception as exc:
-                why = f"AutoProcessor.from_pretrained({path!r}, local_files_only=True) failed: " \
-                      f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+    processor, why = _load_offline("AutoProcessor", path, _PROCESSOR_FILES, "processor")
+    if processor is not None:
+        return processor, "name_or_path"
     where = repr(path) if path else '"path/or/hub-id"'
     raise InputError(
         f"{type(model).__name__} got a modality dict, but no processor was passed (processor=), "
@@ -105,6 +85,22 @@ def find_processor(model: nn.Module, options: dict[str, Any], surface: str = "tr
         teach=[f"tl.{surface}(model, inputs, processor=AutoProcessor.from_pretrained({where}))",
                "model.processor = processor  # attach it once",
                f'tl.{surface}(model, processor(text=..., images=..., return_tensors="pt"))'])
+
+
+def _load_offline(loader: str, path: str, files: tuple[str, ...], what: str
+                  ) -> tuple[Any, str]:
+    """``transformers.<loader>.from_pretrained(path)`` offline, or None and why it failed."""
+    if not path:
+        return None, "the model has no name_or_path (built from a config)"
+    if _local_folder_lacks(path, files):
+        return None, f"{path!r} holds no {what} files"
+    import transformers
+
+    try:
+        return getattr(transformers, loader).from_pretrained(path, local_files_only=True), ""
+    except Exception as exc:  # any loader failure means "not found"
+        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return None, f"{loader}.from_pretrained({path!r}, local_files_only=True) failed: {detail}"
 
 
 def _sha256(text: str) -> str:
