@@ -20,6 +20,10 @@ class Broken(nn.Module):
 
 
 def _no_hooks(model: nn.Module) -> bool:
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return False
     return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 

@@ -228,3 +228,27 @@ def test_addmm_and_baddbmm_flops_match_torch():
         model(x)
     assert trace["addmm_1"].flops and trace["baddbmm_1"].flops
     assert trace.total_flops == counter.get_total_flops()
+
+
+def test_user_hooks_run_inside_their_module_and_are_kept():
+    """A user's forward hook that patches a module's output: the patch is an op of that module
+    and the module's output is the patched tensor; the user's hooks stay, TorchLens's go."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    pre_calls = []
+    pre = model[2].register_forward_pre_hook(lambda m, args: pre_calls.append(1))
+    post = model[0].register_forward_hook(lambda m, args, out: out * 2)
+    x = torch.rand(3, 4)
+    with torch.no_grad():
+        plain = model(x)
+    trace = tl.trace(model, x)
+    assert torch.equal(trace.output, plain)
+    assert trace["0"].calls[0].ops == ["linear_1", "mul_1"]
+    assert trace["0"].calls[0].output_ops == ["mul_1"]
+    assert trace["mul_1"].module == "0" and trace["relu_1"].parents == ["mul_1"]
+    assert len(pre_calls) == 2
+    assert list(model[0]._forward_hooks) == [post.id]
+    assert list(model[2]._forward_pre_hooks) == [pre.id]
+    from torch.nn.modules import module as torch_module
+
+    assert not torch_module._global_forward_hooks
+    assert not torch_module._global_forward_pre_hooks

@@ -9,16 +9,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.parameter import is_lazy
 
 from .. import __version__ as _tl_version
 from ..errors import InputError, InputTypeError
-from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace, tensor_facts
+from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
+from .inventory import Inventory, inventory
 from .recorder import CaptureState, LightRecorder, Recorder, snapshot
 
 _active = threading.local()
@@ -34,7 +37,8 @@ def saves_nothing(save: Any) -> bool:
     return save is None or save is False or save == "none"
 
 
-def parse_save(save: Any, model: nn.Module) -> tuple[bool, set[str], set[str]]:
+def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
+               ) -> tuple[bool, set[str], set[str]]:
     """Split ``save=`` into (all, labels, module addresses); module addresses are checked now."""
     if save == "all":
         return True, set(), set()
@@ -50,7 +54,7 @@ def parse_save(save: Any, model: nn.Module) -> tuple[bool, set[str], set[str]]:
             code="save_selection_invalid",
             teach=["tl.trace(model, x, save='all')", "tl.trace(model, x, save=['conv2d_1', 'fc'])"],
         )
-    modules = {name for name, _ in model.named_modules() if name}
+    modules = {name for name, _ in (inv or inventory(model)).modules if name}
     return False, {s for s in save if s not in modules}, {s for s in save if s in modules}
 
 
@@ -61,22 +65,17 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     ``replay=True`` also keeps each op's call template and live output (for validation) in
     ``trace._replay`` — memory-hungry, never saved.
     """
-    save_all, save_labels, save_modules = parse_save(save, model)
-    param_ids: dict[int, str] = {}
-    aliases: dict[str, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        first = param_ids.setdefault(id(p), name)
-        if first != name:
-            aliases.setdefault(first, []).append(name)
-    buffer_ids = {id(b): name for name, b in model.named_buffers()}
+    inv = inventory(model)
+    save_all, save_labels, save_modules = parse_save(save, model, inv)
+    param_ids = {id(p): name for name, p in inv.params}
+    buffer_ids = {id(b): name for name, b in inv.buffers}
     state = CaptureState(param_ids, buffer_ids, save_all, save_labels)
     state.keep_outputs = not saves_nothing(save)
     state.model = model
     if replay:
         state.calls, state.live = {}, {}
     calls: list[dict] = []
-    named_modules = list(model.named_modules())
-    handles = _install_module_hooks(named_modules, state, calls, save_modules)
+    handles = _install_module_hooks(inv.modules, state, calls, save_modules)
     _add_inputs(state, args, kwargs)
     structure = None
     _active.depth = getattr(_active, "depth", 0) + 1
@@ -89,15 +88,15 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
         _active.depth -= 1
         for h in handles:
             h.remove()
-        partial = _build(model, named_modules, state, calls, None, aliases,
-                         time.perf_counter_ns() - t0, save, provenance, partial=True)
+        partial = _build(model, inv, state, calls, None, time.perf_counter_ns() - t0, save,
+                         provenance, partial=True)
         _attach_failure(exc, state, partial)
         raise
     _active.depth -= 1
     for h in handles:
         h.remove()
-    result = _build(model, named_modules, state, calls, structure, aliases,
-                    time.perf_counter_ns() - t0, save, provenance)
+    result = _build(model, inv, state, calls, structure, time.perf_counter_ns() - t0, save,
+                    provenance)
     result._objects["output_values"] = state.output_objects
     _check_selection(result, save_labels)
     if replay:
@@ -131,7 +130,7 @@ def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str
     _, save_labels, save_modules = parse_save(list(save), model)
     state = CaptureState({}, {}, False, save_labels)
     state.light = {}
-    handles = _install_module_hooks(list(model.named_modules()), state, [], save_modules)
+    handles = _install_module_hooks(inventory(model).modules, state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
         with LightRecorder(state):
@@ -144,61 +143,82 @@ def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str
 
 
 def _install_module_hooks(named_modules, state, calls, save_modules):
+    """Hooks that open and close a frame per submodule call; returns their handles.
+
+    Two process-wide hooks serve ordinary submodules (two registrations instead of two per
+    module). A submodule with hooks of its own, or a lazy one still to materialize, gets its
+    own hooks registered after the user's, so its frame opens after the user's pre-hooks ran
+    and closes on the output the user's forward hooks return.
+    """
     handles = []
     counts: dict[str, int] = {}
     frames = state.frames
+    addresses: dict[int, str] = {}  # submodules the process-wide hooks serve
+
+    def pre(mod, args, address=None):
+        if address is None:
+            address = addresses.get(id(mod))
+            if address is None:
+                return
+        elif getattr(mod, "_torchlens_paused", False):
+            state.suspended -= 1
+            del mod._torchlens_paused
+        n = counts.get(address, 0) + 1
+        counts[address] = n
+        stack = frames[-1][6] + (f"{address}:{n}",)
+        frames.append([address, n, {}, len(state.records), time.perf_counter_ns(), mod, stack])
+
+    def post(mod, args, output, address=None):
+        if address is None:
+            address = addresses.get(id(mod))
+            if address is None:
+                return
+        for i in range(len(frames) - 1, 0, -1):
+            if frames[i][0] == address:
+                frame = frames.pop(i)
+                break
+        else:
+            return
+        found: list = []
+        _leaves(output, found)
+        if state.light is not None:
+            if address in save_modules and found:
+                key = address if frame[1] == 1 else f"{address}:{frame[1]}"
+                state.light[key] = snapshot(found[0] if len(found) == 1 else found)
+            return
+        outs = []
+        for t in found:
+            index = state.producer(t)
+            if index is None:
+                continue
+            entry = state.tensors[id(t)]
+            outs.append((index, entry[3] if entry[0] == index else 0))
+            if address in save_modules and index not in state.values:
+                state.values[index] = snapshot(t)
+        calls.append({
+            "address": address, "pass_num": frame[1], "type": type(mod).__name__,
+            "start": frame[3], "end": len(state.records), "outputs": outs,
+            "time_ns": time.perf_counter_ns() - frame[4],
+        })
+
+    def pause(mod, args):
+        # a lazy module: runs before its own initializing pre-hook; ``pre`` ends the pause
+        state.suspended += 1
+        mod._torchlens_paused = True
 
     for address, module in named_modules:
-        if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
-            # runs before the module's own initializing pre-hook; ``pre`` below ends the pause
-            def pause(mod, args):
-                state.suspended += 1
-                mod._torchlens_paused = True
-
+        lazy = isinstance(module, LazyModuleMixin) and module.has_uninitialized_params()
+        if lazy:
             handles.append(module.register_forward_pre_hook(pause, prepend=True))
         if not address:
             continue
-
-        def pre(mod, args, address=address):
-            if getattr(mod, "_torchlens_paused", False):
-                state.suspended -= 1
-                del mod._torchlens_paused
-            n = counts.get(address, 0) + 1
-            counts[address] = n
-            stack = frames[-1][6] + (f"{address}:{n}",)
-            frames.append([address, n, {}, len(state.records), time.perf_counter_ns(), mod, stack])
-
-        def post(mod, args, output, address=address):
-            for i in range(len(frames) - 1, 0, -1):
-                if frames[i][0] == address:
-                    frame = frames.pop(i)
-                    break
-            else:
-                return
-            found: list = []
-            _leaves(output, found)
-            if state.light is not None:
-                if address in save_modules and found:
-                    key = address if frame[1] == 1 else f"{address}:{frame[1]}"
-                    state.light[key] = snapshot(found[0] if len(found) == 1 else found)
-                return
-            outs = []
-            for t in found:
-                index = state.producer(t)
-                if index is None:
-                    continue
-                entry = state.tensors[id(t)]
-                outs.append((index, entry[3] if entry[0] == index else 0))
-                if address in save_modules and index not in state.values:
-                    state.values[index] = snapshot(t)
-            calls.append({
-                "address": address, "pass_num": frame[1], "type": type(mod).__name__,
-                "start": frame[3], "end": len(state.records), "outputs": outs,
-                "time_ns": time.perf_counter_ns() - frame[4],
-            })
-
-        handles.append(module.register_forward_pre_hook(pre))
-        handles.append(module.register_forward_hook(post))
+        if lazy or module._forward_pre_hooks or module._forward_hooks:
+            handles.append(module.register_forward_pre_hook(partial(pre, address=address)))
+            handles.append(module.register_forward_hook(partial(post, address=address)))
+        else:
+            addresses[id(module)] = address
+    handles.append(register_module_forward_pre_hook(pre))
+    handles.append(register_module_forward_hook(post))
     return handles
 
 
@@ -278,7 +298,7 @@ def _add_outputs(state: CaptureState, out: Any) -> dict:
     return walk(out, "", 0)
 
 
-def _build(model, named_modules, state, calls, structure, aliases, elapsed_ns, save, provenance,
+def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, provenance,
            partial=False) -> Trace:
     records = state.records
     ops: list[Op] = []
@@ -292,15 +312,15 @@ def _build(model, named_modules, state, calls, structure, aliases, elapsed_ns, s
             module_outputs.setdefault(index, []).append(f"{call['address']}:{call['pass_num']}")
     labels = [rec["label"] for rec in records]
     values = state.values
-    dtypes: dict[Any, str] = {}  # str(torch.dtype) once per dtype, not once per op
+    names: dict[Any, str] = {}  # str() of each dtype and device once, not once per op
     for i, rec in enumerate(records):
-        dtype = dtypes.get(rec["dtype"])
-        if dtype is None:
-            dtype = dtypes[rec["dtype"]] = str(rec["dtype"]).removeprefix("torch.")
+        dtype, device = rec["dtype"], rec["device"]
+        dtype = names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch."))
+        device = names.get(device) or names.setdefault(device, str(device))
         ops.append(Op(  # positional, in Op's field order: the fast path for big traces
             i, rec["label"], rec["base_label"], rec["pass_num"], rec.get("kind", "op"),
             rec["func"], [labels[p] for p in rec["parents"]], [labels[c] for c in children[i]],
-            list(rec["shape"]), dtype, str(rec["device"]), [list(s) for s in rec["out_shapes"]],
+            list(rec["shape"]), dtype, device, [list(s) for s in rec["out_shapes"]],
             rec["nbytes"], rec["module"], rec["module_pass"], list(rec["module_stack"]),
             module_outputs.get(i, []), rec["params"], rec["buffers"], rec["time_ns"],
             rec["flops"], rec["inplace"], rec["is_view"], rec.get("slot"), i in values, {},
@@ -310,48 +330,58 @@ def _build(model, named_modules, state, calls, structure, aliases, elapsed_ns, s
     for op in ops:
         for name in op.params + op.buffers:
             used_by.setdefault(name, []).append(op.label)
+    if state.advisories:  # the forward created parameters or modules: list them too
+        inv = inventory(model)
     params = {}
-    for name, p in model.named_parameters():
+    owned: dict[str, int] = {}  # parameter count of each module's own parameters
+    for name, p in inv.params:
+        module = name.rpartition(".")[0]
         if is_lazy(p):
             params[name] = {"shape": None, "dtype": None, "device": None, "numel": 0,
-                            "nbytes": 0, "trainable": bool(p.requires_grad),
-                            "module": name.rpartition(".")[0], "aliases": [], "used_by": [],
-                            "lazy": True}
+                            "nbytes": 0, "trainable": bool(p.requires_grad), "module": module,
+                            "aliases": [], "used_by": [], "lazy": True}
             continue
-        shape, dtype, device = tensor_facts(p)
+        numel = p.numel()
+        dtype, device = p.dtype, p.device
         params[name] = {
-            "shape": list(shape), "dtype": dtype, "device": device, "numel": p.numel(),
-            "nbytes": p.numel() * p.element_size(), "trainable": bool(p.requires_grad),
-            "module": name.rpartition(".")[0], "aliases": aliases.get(name, []),
-            "used_by": used_by.get(name, []),
+            "shape": list(p.shape),
+            "dtype": names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch.")),
+            "device": names.get(device) or names.setdefault(device, str(device)),
+            "numel": numel, "nbytes": numel * p.element_size(),
+            "trainable": p.requires_grad, "module": module,
+            "aliases": inv.aliases.get(name, []), "used_by": used_by.get(name, []),
         }
+        owned[module] = owned.get(module, 0) + numel
     buffers = {}
-    for name, b in model.named_buffers():
+    for name, b in inv.buffers:
         if is_lazy(b):
             continue
-        shape, dtype, device = tensor_facts(b)
+        numel = b.numel()
+        dtype, device = b.dtype, b.device
         buffers[name] = {
-            "shape": list(shape), "dtype": dtype, "device": device, "numel": b.numel(),
-            "nbytes": b.numel() * b.element_size(), "module": name.rpartition(".")[0],
+            "shape": list(b.shape),
+            "dtype": names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch.")),
+            "device": names.get(device) or names.setdefault(device, str(device)),
+            "numel": numel, "nbytes": numel * b.element_size(), "module": name.rpartition(".")[0],
             "used_by": used_by.get(name, []),
         }
-    recursive = {}
-    for name, info in params.items():
-        parts = name.split(".")[:-1]
-        for k in range(len(parts) + 1):
-            prefix = ".".join(parts[:k])
-            recursive[prefix] = recursive.get(prefix, 0) + info["numel"]
+    recursive: dict[str, int] = {}  # parameters of each module and everything below it
+    for module, numel in owned.items():
+        while True:
+            recursive[module] = recursive.get(module, 0) + numel
+            if not module:
+                break
+            module = module.rpartition(".")[0]
     by_address: dict[str, list[ModuleCall]] = {}
     for call in sorted(calls, key=lambda c: (c["address"], c["pass_num"])):
+        outputs = call["outputs"]
         by_address.setdefault(call["address"], []).append(ModuleCall(
             call["address"], call["pass_num"], call["type"],
-            labels[call["start"]:call["end"]], [labels[i] for i, _ in call["outputs"]],
-            call["time_ns"], positions=[pos for _, pos in call["outputs"]]))
+            labels[call["start"]:call["end"]], [labels[i] for i, _ in outputs],
+            call["time_ns"], positions=[pos for _, pos in outputs]))
     modules = {}
     train_bn = []
-    if state.advisories:  # the forward built modules: list them too
-        named_modules = list(model.named_modules())
-    for address, module in named_modules:
+    for address, module in inv.modules:
         if isinstance(module, nn.modules.batchnorm._NormBase) and module.training and \
                 module.track_running_stats:
             train_bn.append(address)
