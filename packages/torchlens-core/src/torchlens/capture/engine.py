@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Mapping
 from functools import partial
+from math import prod
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from .. import __version__ as _tl_version
 from ..errors import InputError, InputTypeError
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .inventory import Inventory, inventory
-from .recorder import CaptureState, LightRecorder, Recorder, snapshot
+from .recorder import R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
 _active = threading.local()
 
@@ -235,14 +236,9 @@ def _leaves(value: Any, found: list, depth: int = 0) -> None:
             _leaves(item, found, depth + 1)
 
 
-def _leaf_record(state, kind, label, func, t, parents, slot) -> dict:
-    return {
-        "label": label, "base_label": label, "pass_num": 1, "func": func, "parents": parents,
-        "shape": tuple(t.shape), "dtype": t.dtype, "device": t.device,
-        "out_shapes": [tuple(t.shape)], "nbytes": t.element_size() * t.numel(), "module": "",
-        "module_pass": 1, "module_stack": (), "params": [], "buffers": [], "time_ns": 0,
-        "inplace": False, "is_view": False, "flops": None, "kind": kind, "slot": slot,
-    }
+def _leaf_record(state, kind, label, t, parents, slot) -> tuple:
+    return (kind, state.frames[0], parents, [], [], t.shape, t.dtype, t.device, None, None, False,
+            False, None, 0, label, kind, slot)
 
 
 def _add_inputs(state: CaptureState, args: tuple, kwargs: dict) -> None:
@@ -255,7 +251,7 @@ def _add_inputs(state: CaptureState, args: tuple, kwargs: dict) -> None:
             n += 1
             index = len(state.records)
             name = slot if len(found) == 1 else f"{slot}[{j}]"
-            state.records.append(_leaf_record(state, "input", f"input_{n}", "input", t, [], name))
+            state.records.append(_leaf_record(state, "input", f"input_{n}", t, [], name))
             if state.save_all or f"input_{n}" in state.save_labels:
                 state.values[index] = snapshot(t)
             state.register(t, index)
@@ -274,7 +270,7 @@ def _add_outputs(state: CaptureState, out: Any) -> dict:
             producer = state.producer(value)
             index = len(state.records)
             state.records.append(_leaf_record(
-                state, "output", label, "output", value,
+                state, "output", label, value,
                 [producer] if producer is not None else [], path or "output"))
             if state.keep_outputs:
                 state.values[index] = snapshot(value)
@@ -304,28 +300,42 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
     ops: list[Op] = []
     children: list[list[int]] = [[] for _ in records]
     for i, rec in enumerate(records):
-        for p in rec["parents"]:
+        for p in rec[R_PARENTS]:
             children[p].append(i)
     module_outputs: dict[int, list[str]] = {}
     for call in calls:
         for index in {i for i, _ in call["outputs"]}:
             module_outputs.setdefault(index, []).append(f"{call['address']}:{call['pass_num']}")
-    labels = [rec["label"] for rec in records]
+    labels: list[str] = []
     values = state.values
     names: dict[Any, str] = {}  # str() of each dtype and device once, not once per op
     for i, rec in enumerate(records):
-        dtype, device = rec["dtype"], rec["device"]
-        dtype = names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch."))
-        device = names.get(device) or names.setdefault(device, str(device))
+        (func, frame, parents, params_used, buffers_used, shape, dtype, device, out_shapes, nbytes,
+         inplace, is_view, flops, time_ns, label, kind, slot) = rec
+        if kind == "op":
+            if label is None:
+                label, base, pass_num = state.label_for(func, frame)
+            else:
+                base, _, pass_num = label.partition(":")
+                pass_num = int(pass_num or 1)
+        else:
+            base, pass_num = label, 1
+        labels.append(label)
+        if nbytes is None:
+            nbytes = prod(shape) * dtype.itemsize
+        dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch."))
+        device_name = names.get(device) or names.setdefault(device, str(device))
+        shape = list(shape)
         ops.append(Op(  # positional, in Op's field order: the fast path for big traces
-            i, rec["label"], rec["base_label"], rec["pass_num"], rec.get("kind", "op"),
-            rec["func"], [labels[p] for p in rec["parents"]], [labels[c] for c in children[i]],
-            list(rec["shape"]), dtype, device, [list(s) for s in rec["out_shapes"]],
-            rec["nbytes"], rec["module"], rec["module_pass"], list(rec["module_stack"]),
-            module_outputs.get(i, []), rec["params"], rec["buffers"], rec["time_ns"],
-            rec["flops"], rec["inplace"], rec["is_view"], rec.get("slot"), i in values, {},
-            values.get(i),
+            i, label, base, pass_num, kind, func, [labels[p] for p in parents], [], shape,
+            dtype_name, device_name,
+            [list(s) for s in out_shapes] if out_shapes is not None else [list(shape)], nbytes,
+            frame[0], frame[1], list(frame[6]), module_outputs.get(i, []), params_used,
+            buffers_used, time_ns, flops, inplace, is_view, slot, i in values, {}, values.get(i),
         ))
+    for op, kids in zip(ops, children):
+        if kids:
+            op.children = [labels[c] for c in kids]
     used_by: dict[str, list[str]] = {}
     for op in ops:
         for name in op.params + op.buffers:

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..errors import StateError
+from .inventory import inventory
 
 
 @dataclass
@@ -75,9 +76,7 @@ def _crc(t: torch.Tensor) -> int:
 
 def pending_lazy(model: nn.Module) -> dict[str, str]:
     """Names of un-materialized lazy parameters and buffers (name -> 'parameter' / 'buffer')."""
-    found = {name: "parameter" for name, p in model.named_parameters() if is_lazy(p)}
-    found.update({name: "buffer" for name, b in model.named_buffers() if is_lazy(b)})
-    return found
+    return inventory(model).pending_lazy()
 
 
 @contextlib.contextmanager

@@ -41,6 +41,14 @@ _PASSTHROUGH = {
 }
 _SETITEM = Tensor.__setitem__
 
+# One record per node, a tuple in this field order. The hot path stores raw facts (torch.Size,
+# dtype and device objects, the module frame); labels, strings and byte counts are derived once
+# the forward is over, in ``engine._build``. ``label`` is None until then (set at the op only when
+# ``save=`` names labels). ``out_shapes`` is None for a single output; ``nbytes`` None means
+# "numel of shape times dtype size".
+(R_FUNC, R_FRAME, R_PARENTS, R_PARAMS, R_BUFFERS, R_SHAPE, R_DTYPE, R_DEVICE, R_OUT_SHAPES,
+ R_NBYTES, R_INPLACE, R_VIEW, R_FLOPS, R_TIME, R_LABEL, R_KIND, R_SLOT) = range(17)
+
 
 class CaptureState:
     """Everything one capture accumulates; the Trace is built from it afterwards."""
@@ -89,7 +97,7 @@ class CaptureState:
                     return ("op", index, entry[3])
                 # written in place through another view: replay reads the writer's value when
                 # it holds exactly these elements, else the value as it is now
-                written = self.records[index]["shape"] if index < len(self.records) else None
+                written = self.records[index][R_SHAPE] if index < len(self.records) else None
                 if written is not None and prod(written) == value.numel():
                     return ("op", index, 0, tuple(value.shape))
             return ("const", value.detach().clone())
@@ -130,8 +138,11 @@ class CaptureState:
         return None
 
     # -- labels --------------------------------------------------------------------------------
-    def label_for(self, name: str) -> tuple[str, str, int, str, int]:
-        frame = self.frames[-1]
+    def label_for(self, name: str, frame: list | None = None) -> tuple[str, str, int]:
+        """(label, base label, pass) of the next ``name`` call in ``frame`` (default: the
+        innermost open module call). Called once per op, in op order."""
+        if frame is None:
+            frame = self.frames[-1]
         counters = frame[2]
         ordinal = counters.get(name, 0) + 1
         counters[name] = ordinal
@@ -143,11 +154,7 @@ class CaptureState:
             base = f"{name}_{n}"
             self.sites[site] = base
         pass_num = frame[1]
-        label = base if pass_num == 1 else f"{base}:{pass_num}"
-        return label, base, pass_num, frame[0], frame[1]
-
-    def module_stack(self) -> tuple[str, ...]:
-        return self.frames[-1][6]
+        return (base if pass_num == 1 else f"{base}:{pass_num}"), base, pass_num
 
 
 def _span(offset: int, shape: tuple, stride: tuple) -> tuple[int, int]:
@@ -242,6 +249,8 @@ class Recorder(TorchFunctionMode):
         return out
 
     def _record(self, func, args, kwargs, out, out_tensors, elapsed, first, version_before):
+        # every microsecond here runs between two ops of the user's forward: keep only what
+        # cannot be derived later (edges, facts of tensors that may die, the frame, the time)
         s = self.state
         name = func_name(func)
         inputs: list = []
@@ -259,13 +268,15 @@ class Recorder(TorchFunctionMode):
         parents: list[int] = []
         params: list[str] = []
         buffers: list[str] = []
-        param_ids, buffer_ids = s.param_ids, s.buffer_ids
+        tensors, param_ids, buffer_ids = s.tensors, s.param_ids, s.buffer_ids
         for t in inputs:
             key = id(t)
-            # a parameter or buffer written in place during the forward reads from its writer
-            index = s.producer(t) if key in s.tensors else None
-            if index is not None and index not in parents:
-                parents.append(index)
+            entry = tensors.get(key)
+            if entry is not None and entry[1]() is t:
+                # a parameter or buffer written in place during the forward reads from its writer
+                index = entry[0] if t._version == entry[2] else s.producer(t)
+                if index not in parents:
+                    parents.append(index)
             p = param_ids.get(key)
             if p is not None:
                 params.append(p)
@@ -281,37 +292,38 @@ class Recorder(TorchFunctionMode):
                 if adopted is not None:
                     params.append(adopted)
         main = out_tensors[0]
-        inplace = (
-            version_before is not None and main is first and first._version != version_before
-        )
+        inplace = version_before is not None and main is first and first._version != version_before
         index = len(s.records)
-        label, base, pass_num, module, module_pass = s.label_for(name)
-        nbytes = 0
-        for t in out_tensors:
-            nbytes += t.element_size() * t.numel()
-        rec = {
-            "label": label, "base_label": base, "pass_num": pass_num, "func": name,
-            "parents": parents, "shape": tuple(main.shape), "dtype": main.dtype,
-            "device": main.device, "out_shapes": [tuple(t.shape) for t in out_tensors],
-            "nbytes": nbytes, "module": module, "module_pass": module_pass,
-            "module_stack": s.module_stack(), "params": params, "buffers": buffers,
-            "time_ns": elapsed, "inplace": inplace,
-            "is_view": main._is_view() and not inplace,
-            "flops": flops_of(name, args, kwargs, out) if name in FORMULAS else None,
-        }
+        frame = s.frames[-1]
+        label = None
+        if s.save_labels:  # labels are needed now, to decide what to keep
+            label, base, _ = s.label_for(name, frame)
+        if len(out_tensors) == 1:
+            out_shapes = nbytes = None
+        else:
+            out_shapes = [t.shape for t in out_tensors]
+            nbytes = sum(t.element_size() * t.numel() for t in out_tensors)
+        s.records.append((
+            name, frame, parents, params, buffers, main.shape, main.dtype, main.device, out_shapes,
+            nbytes, inplace, main._is_view() and not inplace,
+            flops_of(name, args, kwargs, out) if name in FORMULAS else None, elapsed, label,
+            "op", None))
         if s.calls is not None:
             s.calls[index] = (func, s.template(args), s.template(kwargs))
         if s.live is not None:
-            s.live[index] = out if len(out_tensors) > 1 else main
+            s.live[index] = out if out_shapes else main
             for position, t in enumerate(out_tensors):
                 s.versions[(index, position)] = t._version
                 if t.requires_grad:
                     t.register_hook(partial(_keep_grad, s.grads, (index, position)))
-        s.records.append(rec)
-        if s.save_all or label in s.save_labels or base in s.save_labels:
-            s.values[index] = snapshot(out if len(out_tensors) > 1 else main)
-        for position, t in enumerate(out_tensors):
-            s.register(t, index, position)
+        if s.save_all or (label is not None and (label in s.save_labels or base in s.save_labels)):
+            s.values[index] = snapshot(out if out_shapes else main)
+        version = main._version
+        if out_shapes is None:
+            tensors[id(main)] = (index, _ref(main), version, 0)
+        else:
+            for position, t in enumerate(out_tensors):
+                tensors[id(t)] = (index, _ref(t), t._version, position)
         if inplace:
             s.writes.setdefault(_storage_key(first), []).append(
                 (index, first.storage_offset(), tuple(first.shape), first.stride()))
@@ -344,7 +356,7 @@ class LightRecorder(Recorder):
         tensors = tensor_outputs(func, args[0] if args else None, out)
         if tensors is None or any(isinstance(a, UninitializedTensorMixin) for a in args):
             return out
-        label, base = s.label_for(func_name(func))[:2]
+        label, base, _ = s.label_for(func_name(func))
         if label in s.save_labels or base in s.save_labels:
             s.light[label] = snapshot(out if len(tensors) > 1 else tensors[0])
         return out
