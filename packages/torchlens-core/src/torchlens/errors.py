@@ -32,6 +32,8 @@ CODES: dict[str, str] = {
     # Trace access
     "key_not_found": "no op, pass or module matches the lookup key",
     "activation_not_saved": "op.out read on an op whose activation was not selected by save=",
+    "activation_overwritten": "warning: a saved activation was written in place by a call "
+                              "TorchLens cannot see, so only its metadata is kept",
     # files
     "trace_file_invalid": "a file given to tl.load is corrupt, truncated or not a TorchLens trace",
     # state policy

@@ -6,6 +6,7 @@ whatever the forward raises, the error carries the op where it happened and the 
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Mapping
@@ -20,8 +21,9 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.nn.parameter import is_lazy
 
 from .. import __version__ as _tl_version
-from ..errors import InputError, InputTypeError
+from ..errors import InputError, InputTypeError, warn
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
+from .cow import Held, storage_key
 from .inventory import Inventory, inventory
 from .recorder import R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
@@ -66,6 +68,19 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     ``replay=True`` also keeps each op's call template and live output (for validation) in
     ``trace._replay`` — memory-hungry, never saved.
     """
+    # the capture allocates many small records that all live on: a cyclic-garbage pass in the
+    # middle of it would find nothing to free, so the collector waits until it is over
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _capture(model, args, kwargs, save, provenance, replay)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _capture(model: nn.Module, args: tuple, kwargs: dict, save: Any, provenance: dict | None,
+             replay: bool) -> Trace:
     inv = inventory(model)
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     param_ids = {id(p): name for name, p in inv.params}
@@ -75,6 +90,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     state.model = model
     if replay:
         state.calls, state.live = {}, {}
+    elif save_all or save_labels:
+        state.held = Held(state.values)
     calls: list[dict] = []
     handles = _install_module_hooks(inv.modules, state, calls, save_modules)
     _add_inputs(state, args, kwargs)
@@ -85,25 +102,55 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
         with Recorder(state):
             out = model(*args, **kwargs)
         structure = _add_outputs(state, out)
+        if not replay:
+            del out  # what the forward returned is copied; let its graph go before settling
     except BaseException as exc:
         _active.depth -= 1
         for h in handles:
             h.remove()
+        lost = _settle(state, inv, args, kwargs)
         partial = _build(model, inv, state, calls, None, time.perf_counter_ns() - t0, save,
                          provenance, partial=True)
+        _report_lost(partial, lost)
         _attach_failure(exc, state, partial)
         raise
     _active.depth -= 1
     for h in handles:
         h.remove()
+    lost = _settle(state, inv, args, kwargs)
     result = _build(model, inv, state, calls, structure, time.perf_counter_ns() - t0, save,
                     provenance)
+    _report_lost(result, lost)
     result._objects["output_values"] = state.output_objects
     _check_selection(result, save_labels)
     if replay:
         result._replay = {"calls": state.calls, "live": state.live, "output": out,
                           "grads": state.grads, "versions": state.versions}
     return result
+
+
+def _settle(state: CaptureState, inv: Inventory, args: tuple, kwargs: dict) -> list[int]:
+    """End copy-on-write: copy each saved value others can still reach; return the lost ones."""
+    if not state.held:
+        return []
+    found: list = []
+    _leaves((args, kwargs), found)
+    protected = {storage_key(t) for t in found}
+    protected.update(storage_key(t) for _, t in inv.params + inv.buffers if not is_lazy(t))
+    return state.held.settle(protected)
+
+
+def _report_lost(trace: Trace, lost: list[int]) -> None:
+    """Saved values that a call TorchLens cannot see wrote in place: not kept, and said so."""
+    if not lost:
+        return
+    labels = [trace.ops[i].label for i in lost]
+    trace.annotations["capture_advisories"].append(
+        {"code": "activation_overwritten", "ops": labels})
+    warn("activation_overwritten",
+         f"the saved activations of {labels[:5]} were written in place by a call TorchLens "
+         "cannot see (e.g. inside a C++ extension), so they are not kept; their metadata is",
+         stacklevel=4)
 
 
 def _check_selection(trace: Trace, labels: set[str]) -> None:

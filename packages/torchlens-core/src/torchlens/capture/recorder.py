@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .cow import Held, storage_key, written_by
 from .flops import FORMULAS, flops_of
 from .naming import func_name
 
@@ -76,6 +77,7 @@ class CaptureState:
         self.grads: dict[tuple[int, int], Any] = {}  # output gradients seen by tensor hooks
         self.versions: dict[tuple[int, int], int] = {}  # output versions right after each op
         self.advisories: list[dict[str, Any]] = []
+        self.held: Held | None = None  # saved values kept by reference (copy-on-write)
 
     # -- identity ------------------------------------------------------------------------------
     def register(self, t: Tensor, index: int, position: int = 0) -> None:
@@ -117,7 +119,7 @@ class CaptureState:
             # written in place since (through itself or a view): the latest write that touches
             # this tensor's elements is what a read sees
             geometry = (t.storage_offset(), tuple(t.shape), t.stride())
-            for write in reversed(self.writes.get(_storage_key(t), ())):
+            for write in reversed(self.writes.get(storage_key(t), ())):
                 if write[0] <= index:
                     break
                 if _overlap(geometry, write[1:]):
@@ -184,13 +186,6 @@ def _keep_grad(store: dict, key: tuple[int, int], grad: Tensor) -> None:
     store[key] = grad
 
 
-def _storage_key(t: Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except Exception:
-        return -1
-
-
 def snapshot(value: Any) -> Any:
     """A detached copy that later in-place ops cannot change."""
     if isinstance(value, Tensor):
@@ -232,8 +227,13 @@ class Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        if func in _PASSTHROUGH or self.state.suspended:
+        s = self.state
+        if func in _PASSTHROUGH or s.suspended:
             return func(*args, **kwargs)
+        if s.held is not None and s.held.entries:
+            targets = written_by(func, args, kwargs)
+            if targets:
+                s.held.before_write(targets)
         first = args[0] if args else None
         version_before = first._version if isinstance(first, Tensor) else None
         t0 = perf_counter_ns()
@@ -316,16 +316,19 @@ class Recorder(TorchFunctionMode):
                 s.versions[(index, position)] = t._version
                 if t.requires_grad:
                     t.register_hook(partial(_keep_grad, s.grads, (index, position)))
+        ref = _ref(main)
         if s.save_all or (label is not None and (label in s.save_labels or base in s.save_labels)):
-            s.values[index] = snapshot(out if out_shapes else main)
-        version = main._version
+            if out_shapes is None and s.held is not None:
+                s.held.keep(index, main, ref)
+            else:
+                s.values[index] = snapshot(out if out_shapes else main)
         if out_shapes is None:
-            tensors[id(main)] = (index, _ref(main), version, 0)
+            tensors[id(main)] = (index, ref, main._version, 0)
         else:
             for position, t in enumerate(out_tensors):
                 tensors[id(t)] = (index, _ref(t), t._version, position)
         if inplace:
-            s.writes.setdefault(_storage_key(first), []).append(
+            s.writes.setdefault(storage_key(first), []).append(
                 (index, first.storage_offset(), tuple(first.shape), first.stride()))
 
     def _note_failure(self, func, args, kwargs, exc) -> None:

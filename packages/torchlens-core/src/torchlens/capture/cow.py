@@ -1,0 +1,134 @@
+"""Copy-on-write for saved activations.
+
+A saved op output is first kept by reference (a detached alias: no copy, no autograd graph).
+It is copied only when it could change: just before a call that writes into its storage, or at
+the end of the capture when something other than the trace can still reach its storage (a
+parameter, a buffer, an input, the model's output or state). Whatever else stays an alias is
+then owned by the trace alone.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .naming import func_name
+
+_SETITEM = Tensor.__setitem__
+_writers: dict[Any, Any] = {}  # callable -> how it writes (see _writer_of); cached per callable
+
+
+def storage_key(t: Tensor) -> int:
+    """Identity of ``t``'s storage while it is alive (its data pointer)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:
+        return -1
+
+
+def _writer_of(func: Any) -> Any:
+    """None (writes nothing but ``out=``), "first" (writes its first argument, the ``*_``
+    convention), an int / str (position / name of an ``inplace`` flag), or a tuple of the
+    positions and names a torch.ops schema marks as written."""
+    if func is _SETITEM or func_name(func).endswith("_"):
+        return "first"
+    schema = getattr(func, "_schema", None)
+    if schema is not None:
+        written = tuple(x for i, a in enumerate(schema.arguments)
+                        if a.alias_info is not None and a.alias_info.is_write for x in (i, a.name))
+        return written or None
+    try:
+        params = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index("inplace") if "inplace" in params else None
+
+
+def written_by(func: Any, args: tuple, kwargs: dict) -> list[Tensor]:
+    """The tensors ``func(*args, **kwargs)`` is about to write into (best known; see module)."""
+    try:
+        how = _writers[func]
+    except KeyError:
+        how = _writers[func] = _writer_of(func)
+    except TypeError:  # an unhashable callable
+        how = _writer_of(func)
+    found: list[Tensor] = []
+    if how == "first":
+        if args:
+            _tensors(args[0], found)
+        else:  # passed by keyword (torch.nn.init's functions are called as f(tensor=...))
+            for value in kwargs.values():
+                _tensors(value, found)
+                if found:
+                    break
+    elif isinstance(how, int):
+        flag = args[how] if len(args) > how else kwargs.get("inplace", False)
+        if flag is True and args:
+            _tensors(args[0], found)
+    elif isinstance(how, tuple):
+        for key in how:
+            if isinstance(key, int):
+                if len(args) > key:
+                    _tensors(args[key], found)
+            elif key in kwargs:
+                _tensors(kwargs[key], found)
+    if kwargs and kwargs.get("out") is not None:
+        _tensors(kwargs["out"], found)
+    return found
+
+
+def _tensors(value: Any, found: list[Tensor]) -> None:
+    if isinstance(value, Tensor):
+        found.append(value)
+    elif isinstance(value, (tuple, list)):
+        found.extend(v for v in value if isinstance(v, Tensor))
+
+
+class Held:
+    """Saved values kept by reference: storage -> op indices, and each one's version and
+    original output (weakly)."""
+
+    def __init__(self, values: dict[int, Any]):
+        self.values = values
+        self.by_storage: dict[int, list[int]] = {}
+        self.entries: dict[int, tuple[int, Any, int]] = {}  # index -> (version, ref, storage)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def keep(self, index: int, t: Tensor, ref: Any) -> None:
+        """Save op ``index``'s output ``t`` by reference."""
+        key = storage_key(t)
+        self.values[index] = t.detach()
+        self.entries[index] = (t._version, ref, key)
+        self.by_storage.setdefault(key, []).append(index)
+
+    def before_write(self, targets: list[Tensor]) -> None:
+        """Copy every held value on the storages a call is about to write."""
+        for t in targets:
+            for index in self.by_storage.pop(storage_key(t), ()):
+                self._own(index)
+
+    def _own(self, index: int) -> None:
+        self.entries.pop(index)
+        with torch._C.DisableTorchFunction():
+            self.values[index] = self.values[index].clone()
+
+    def settle(self, protected: set[int]) -> list[int]:
+        """At the end of the capture: copy what others can still reach (its original output is
+        alive, or it shares a ``protected`` storage); drop and return what a call TorchLens
+        could not see has written since (its value is lost)."""
+        lost = []
+        for index, (version, ref, key) in list(self.entries.items()):
+            value = self.values[index]
+            if value._version != version and value.numel():  # an empty tensor holds nothing
+                self.entries.pop(index)
+                del self.values[index]
+                lost.append(index)
+            elif ref() is not None or key in protected:
+                self._own(index)
+        self.by_storage.clear()
+        return lost

@@ -1,0 +1,119 @@
+"""Saved activations are kept by reference and copied only when they could change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchlens as tl
+from torchlens.errors import TorchLensWarning
+
+
+class Writes(nn.Module):
+    """Every kind of in-place write TorchLens sees, each onto a tensor saved earlier."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        a = self.fc(x)  # linear_1
+        b = a.view(-1)  # view_1 shares a's storage
+        a.relu_()  # a method ending in "_"
+        b[0] = 5.0  # __setitem__ through the view
+        c = torch.zeros(2, 4)  # zeros_1
+        torch.add(a, 1, out=c)  # out=
+        F.relu(c, inplace=True)  # an inplace= flag
+        nn.init.constant_(tensor=c, val=3.0)  # the written tensor passed by keyword
+        torch.ops.aten.mul_.Tensor(a, torch.full((), 2.0))  # a schema marks the write
+        return a + c
+
+
+def test_values_are_those_at_op_time_whatever_writes_follow():
+    torch.manual_seed(0)
+    model, x = Writes(), torch.rand(2, 4)
+    with torch.no_grad():  # out= refuses autograd
+        linear = model.fc(x)
+        trace = tl.trace(model, x)
+    assert torch.equal(trace["linear_1"].out, linear)
+    assert torch.equal(trace["view_1"].out, linear.view(-1))
+    relu = linear.relu()
+    assert torch.equal(trace["relu__1"].out, relu)
+    written = relu.clone()
+    written.view(-1)[0] = 5.0
+    assert torch.equal(trace["setitem_1"].out, written.view(-1))
+    assert torch.equal(trace["zeros_1"].out, torch.zeros(2, 4))
+    assert torch.equal(trace["add_1"].out, written + 1)
+    assert torch.equal(trace["relu_1"].out, (written + 1).relu())
+    assert torch.equal(trace["constant__1"].out, torch.full((2, 4), 3.0))
+    assert torch.equal(trace["output_1"].out, written * 2 + 3)
+    assert not trace.annotations["capture_advisories"]
+
+
+def test_a_value_nothing_else_can_reach_is_kept_without_a_copy():
+    pointers = []
+
+    class Records(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x)
+            pointers.append(h.data_ptr())
+            return h.sum()
+
+    trace = tl.trace(Records(), torch.rand(3, 4))
+    assert trace["linear_1"].out.data_ptr() == pointers[0]
+
+
+def test_values_others_can_reach_are_copied_at_the_end():
+    """The model's state, a view of a parameter, a view of the input and the output itself can
+    all be written after the capture; the trace keeps what they were."""
+
+    class Reachable(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4, 4))
+
+        def forward(self, x):
+            first = x[0]  # a view of the caller's input
+            wt = self.w.t()  # a view of a parameter
+            h = x @ wt
+            self.cache = h * 2  # kept by the model after the forward
+            return h + first
+
+    model, x = Reachable(), torch.rand(3, 4)
+    trace = tl.trace(model, x)
+    before = {label: trace[label].out.clone() for label in ("getitem_1", "t_1", "mul_1", "add_1")}
+    x.add_(100)
+    with torch.no_grad():
+        model.w.add_(100)
+    model.cache.add_(100)
+    for label, value in before.items():
+        assert torch.equal(trace[label].out, value), label
+
+
+def test_a_write_torchlens_cannot_see_drops_that_value_and_says_so():
+    class Hidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x)
+            with torch._C.DisableTorchFunction():  # as a C++ extension would: unseen
+                h.add_(1)
+            return h * 2
+
+    with pytest.warns(TorchLensWarning, match="^activation_overwritten"):
+        trace = tl.trace(Hidden(), torch.rand(2, 4))
+    assert trace["linear_1"].saved is False
+    assert trace["mul_1"].saved is True
+    advisory = trace.annotations["capture_advisories"][0]
+    assert advisory == {"code": "activation_overwritten", "ops": ["linear_1"]}
+    with pytest.raises(tl.TorchLensError) as err:
+        trace["linear_1"].out
+    assert err.value.code == "activation_not_saved"
