@@ -115,5 +115,5 @@ def test_a_write_torchlens_cannot_see_drops_that_value_and_says_so():
     advisory = trace.annotations["capture_advisories"][0]
     assert advisory == {"code": "activation_overwritten", "ops": ["linear_1"]}
     with pytest.raises(tl.TorchLensError) as err:
-        trace["linear_1"].out
+        _ = trace["linear_1"].out
     assert err.value.code == "activation_not_saved"

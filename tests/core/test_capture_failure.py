@@ -65,19 +65,3 @@ def test_python_error_outside_a_torch_call():
     assert "after op 'add_1'" in " ".join(err.value.__notes__)
     assert len(err.value.partial_trace) == 2
 
-
-def test_the_garbage_collector_is_left_as_it_was():
-    import gc
-
-    assert gc.isenabled()
-    tl.trace(nn.Linear(4, 2), torch.rand(1, 4))
-    assert gc.isenabled()
-    with pytest.raises(RuntimeError):
-        tl.trace(Broken(), torch.rand(2, 4))
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        tl.trace(nn.Linear(4, 2), torch.rand(1, 4))
-        assert not gc.isenabled()
-    finally:
-        gc.enable()

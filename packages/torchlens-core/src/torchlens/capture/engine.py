@@ -6,7 +6,6 @@ whatever the forward raises, the error carries the op where it happened and the 
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 from collections.abc import Mapping
@@ -68,19 +67,6 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     ``replay=True`` also keeps each op's call template and live output (for validation) in
     ``trace._replay`` — memory-hungry, never saved.
     """
-    # the capture allocates many small records that all live on: a cyclic-garbage pass in the
-    # middle of it would find nothing to free, so the collector waits until it is over
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return _capture(model, args, kwargs, save, provenance, replay)
-    finally:
-        if collecting:
-            gc.enable()
-
-
-def _capture(model: nn.Module, args: tuple, kwargs: dict, save: Any, provenance: dict | None,
-             replay: bool) -> Trace:
     inv = inventory(model)
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     param_ids = {id(p): name for name, p in inv.params}
