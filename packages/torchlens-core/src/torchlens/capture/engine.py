@@ -23,6 +23,7 @@ from .. import __version__ as _tl_version
 from ..errors import InputError, InputTypeError, warn
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .cow import Held, storage_key
+from .flops import flops_of
 from .inventory import Inventory, inventory
 from .recorder import R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
@@ -221,11 +222,12 @@ def _install_module_hooks(named_modules, state, calls, save_modules):
                 state.light[key] = snapshot(found[0] if len(found) == 1 else found)
             return
         outs = []
+        tensors = state.tensors
         for t in found:
-            index = state.producer(t)
-            if index is None:
+            entry = tensors.get(id(t))
+            if entry is None or entry[1]() is not t:
                 continue
-            entry = state.tensors[id(t)]
+            index = entry[0] if t._version == entry[2] else state.producer(t)
             outs.append((index, entry[3] if entry[0] == index else 0))
             if address in save_modules and index not in state.values:
                 state.values[index] = snapshot(t)
@@ -356,6 +358,8 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
         labels.append(label)
         if nbytes is None:
             nbytes = prod(shape) * dtype.itemsize
+        if flops is not None:
+            flops = flops_of(func, *flops, shape)
         dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch."))
         device_name = names.get(device) or names.setdefault(device, str(device))
         shape = list(shape)

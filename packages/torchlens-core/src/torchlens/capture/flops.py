@@ -1,7 +1,8 @@
 """FLOPs of the few torch-level calls with a known formula, reusing torch.utils.flop_counter.
 
 The formulas are torch's own (per aten op); this module only maps a torch-level call's shapes onto
-them. Anything else is ``None``: unknown, never invented.
+them. Anything else is ``None``: unknown, never invented. During the forward only the shapes are
+taken (``shapes``); the count is made afterwards (``flops_of``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ MM, ADDMM, BMM, BADDBMM = (_raw(f) for f in (fc.mm_flop, fc.addmm_flop, fc.bmm_f
 
 
 def _shape(t: Any) -> list[int] | None:
-    return list(t.shape) if isinstance(t, torch.Tensor) else None
+    return list(t) if isinstance(t, torch.Size) else None
+
+
+def shapes(args: tuple, kwargs: dict) -> tuple[list, dict]:
+    """The call's arguments with every tensor replaced by its shape (nothing kept alive)."""
+    return ([a.shape if isinstance(a, torch.Tensor) else a for a in args],
+            {k: v.shape if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
 
 
 def _arg(args, kwargs, i, name):
@@ -42,20 +49,20 @@ def _linear(args, kwargs, out):
 def _conv(transposed: bool):
     def formula(args, kwargs, out):
         x, w = _shape(_arg(args, kwargs, 0, "input")), _shape(_arg(args, kwargs, 1, "weight"))
-        if x is None or w is None or not isinstance(out, torch.Tensor):
+        if x is None or w is None:
             return None
-        return fc.conv_flop_count(x, w, list(out.shape), transposed=transposed)
+        return fc.conv_flop_count(x, w, list(out), transposed=transposed)
 
     return formula
 
 
 def _matmul(args, kwargs, out):
     a, b = _shape(_arg(args, kwargs, 0, "input")), _shape(_arg(args, kwargs, 1, "other"))
-    if a is None or b is None or not isinstance(out, torch.Tensor):
+    if a is None or b is None:
         return None
     a = a if len(a) > 1 else [1] + a
     b = b if len(b) > 1 else b + [1]
-    batch = prod(out.shape[:-2]) if out.dim() > 2 else 1
+    batch = prod(out[:-2]) if len(out) > 2 else 1
     return BMM([batch, a[-2], a[-1]], [batch, b[-2], b[-1]])
 
 
@@ -77,6 +84,7 @@ def _sdpa(args, kwargs, out):
     return fc.sdpa_flop_count(q, k, v)
 
 
+# name -> formula(args, kwargs, out_shape), tensors in args/kwargs given as their torch.Size
 FORMULAS: dict[str, Callable[[tuple, dict, Any], int | None]] = {
     "linear": _linear,
     "conv1d": _conv(False), "conv2d": _conv(False), "conv3d": _conv(False),
@@ -88,8 +96,9 @@ FORMULAS: dict[str, Callable[[tuple, dict, Any], int | None]] = {
 }
 
 
-def flops_of(name: str, args: tuple, kwargs: dict, out: Any) -> int | None:
-    """FLOPs for one call, or None when no formula applies or the shapes do not fit it."""
+def flops_of(name: str, args: tuple, kwargs: dict, out: torch.Size) -> int | None:
+    """FLOPs for one call (given as ``shapes`` of its arguments and its output's shape), or None
+    when no formula applies or the shapes do not fit it."""
     formula = FORMULAS.get(name)
     if formula is None:
         return None

@@ -17,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .cow import Held, storage_key, written_by
-from .flops import FORMULAS, flops_of
+from .flops import FORMULAS, shapes
 from .naming import func_name
 
 Tensor = torch.Tensor
@@ -41,12 +41,15 @@ _PASSTHROUGH = {
     Tensor.output_nr.__get__, Tensor.__array__,
 }
 _SETITEM = Tensor.__setitem__
+# element types of a tuple/list argument that cannot hold a tensor (strides, paddings, sizes)
+_SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), torch.Size})
 
 # One record per node, a tuple in this field order. The hot path stores raw facts (torch.Size,
 # dtype and device objects, the module frame); labels, strings and byte counts are derived once
 # the forward is over, in ``engine._build``. ``label`` is None until then (set at the op only when
 # ``save=`` names labels). ``out_shapes`` is None for a single output; ``nbytes`` None means
-# "numel of shape times dtype size".
+# "numel of shape times dtype size"; ``flops`` holds the argument shapes of a call with a FLOP
+# formula (counted later), else None.
 (R_FUNC, R_FRAME, R_PARENTS, R_PARAMS, R_BUFFERS, R_SHAPE, R_DTYPE, R_DEVICE, R_OUT_SHAPES,
  R_NBYTES, R_INPLACE, R_VIEW, R_FLOPS, R_TIME, R_LABEL, R_KIND, R_SLOT) = range(17)
 
@@ -243,7 +246,7 @@ class Recorder(TorchFunctionMode):
             self._note_failure(func, args, kwargs, exc)
             raise
         elapsed = perf_counter_ns() - t0
-        out_tensors = tensor_outputs(func, first, out)
+        out_tensors = [out] if type(out) is Tensor else tensor_outputs(func, first, out)
         if out_tensors is not None:
             self._record(func, args, kwargs, out, out_tensors, elapsed, first, version_before)
         return out
@@ -257,13 +260,13 @@ class Recorder(TorchFunctionMode):
         for a in args:
             if isinstance(a, Tensor):
                 inputs.append(a)
-            elif isinstance(a, (tuple, list)):
+            elif isinstance(a, (tuple, list)) and not _SCALARS.issuperset(map(type, a)):
                 _collect(a, inputs)
         if kwargs:
             for a in kwargs.values():
                 if isinstance(a, Tensor):
                     inputs.append(a)
-                elif isinstance(a, (tuple, list)):
+                elif isinstance(a, (tuple, list)) and not _SCALARS.issuperset(map(type, a)):
                     _collect(a, inputs)
         parents: list[int] = []
         params: list[str] = []
@@ -285,7 +288,8 @@ class Recorder(TorchFunctionMode):
             if b is not None:
                 buffers.append(b)
                 continue
-            if isinstance(t, Parameter) and s.model is not None:
+            # (a plain tensor skips Parameter's Python-level isinstance check)
+            if type(t) is not Tensor and isinstance(t, Parameter) and s.model is not None:
                 if isinstance(t, UninitializedTensorMixin):
                     return  # a lazy module materializing itself: not an op of the model
                 adopted = s.adopt_parameter(t)
@@ -306,8 +310,7 @@ class Recorder(TorchFunctionMode):
         s.records.append((
             name, frame, parents, params, buffers, main.shape, main.dtype, main.device, out_shapes,
             nbytes, inplace, main._is_view() and not inplace,
-            flops_of(name, args, kwargs, out) if name in FORMULAS else None, elapsed, label,
-            "op", None))
+            shapes(args, kwargs) if name in FORMULAS else None, elapsed, label, "op", None))
         if s.calls is not None:
             s.calls[index] = (func, s.template(args), s.template(kwargs))
         if s.live is not None:
