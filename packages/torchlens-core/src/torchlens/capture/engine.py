@@ -79,7 +79,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
         state.calls, state.live = {}, {}
     elif save_all or save_labels:
         state.held = Held(state.values)
-    calls: list[dict] = []
+    calls: list[tuple] = []
     handles = _install_module_hooks(inv.modules, state, calls, save_modules)
     _add_inputs(state, args, kwargs)
     structure = None
@@ -204,38 +204,35 @@ def _install_module_hooks(named_modules, state, calls, save_modules):
         frames.append([address, n, {}, len(state.records), time.perf_counter_ns(), mod, stack])
 
     def post(mod, args, output, address=None):
+        # runs between two ops of the user's forward, like the recorder: kept short
         if address is None:
             address = addresses.get(id(mod))
             if address is None:
                 return
-        for i in range(len(frames) - 1, 0, -1):
-            if frames[i][0] == address:
-                frame = frames.pop(i)
-                break
-        else:
-            return
-        found: list = []
-        _leaves(output, found)
+        if frames[-1][0] == address:
+            frame = frames.pop()
+        else:  # an inner call's frame is still open (its forward hook did not run)
+            frame = _pop_frame(frames, address)
+            if frame is None:
+                return
+        found = [output] if type(output) is torch.Tensor else _leaves(output, [])
         if state.light is not None:
             if address in save_modules and found:
                 key = address if frame[1] == 1 else f"{address}:{frame[1]}"
                 state.light[key] = snapshot(found[0] if len(found) == 1 else found)
             return
-        outs = []
         tensors = state.tensors
-        for t in found:
-            entry = tensors.get(id(t))
-            if entry is None or entry[1]() is not t:
-                continue
-            index = entry[0] if t._version == entry[2] else state.producer(t)
-            outs.append((index, entry[3] if entry[0] == index else 0))
-            if address in save_modules and index not in state.values:
-                state.values[index] = snapshot(t)
-        calls.append({
-            "address": address, "pass_num": frame[1], "type": type(mod).__name__,
-            "start": frame[3], "end": len(state.records), "outputs": outs,
-            "time_ns": time.perf_counter_ns() - frame[4],
-        })
+        # (record index, which tensor of its output) of each output tensor a recorded op made
+        outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
+                for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
+        if save_modules and address in save_modules:
+            for t in found:
+                index = state.producer(t)
+                if index is not None and index not in state.values:
+                    state.values[index] = snapshot(t)
+        # (address, pass, module, first record, end record, outputs, time)
+        calls.append((address, frame[1], mod, frame[3], len(state.records), outs,
+                      time.perf_counter_ns() - frame[4]))
 
     def pause(mod, args):
         # a lazy module: runs before its own initializing pre-hook; ``pre`` ends the pause
@@ -258,17 +255,32 @@ def _install_module_hooks(named_modules, state, calls, save_modules):
     return handles
 
 
-def _leaves(value: Any, found: list, depth: int = 0) -> None:
+def _pop_frame(frames: list, address: str) -> list | None:
+    for i in range(len(frames) - 1, 0, -1):
+        if frames[i][0] == address:
+            return frames.pop(i)
+    return None
+
+
+def _written_output(state: CaptureState, t: torch.Tensor, entry: tuple) -> tuple[int, int]:
+    """(record, position) of an output tensor written in place since its op recorded it."""
+    index = state.producer(t)
+    return index, entry[3] if entry[0] == index else 0
+
+
+def _leaves(value: Any, found: list, depth: int = 0) -> list:
+    """Every tensor in nested tuples, lists and mappings (appended to ``found``, returned)."""
     if isinstance(value, torch.Tensor):
         found.append(value)
     elif depth > 6:
-        return
+        return found
     elif isinstance(value, Mapping):
         for item in value.values():
             _leaves(item, found, depth + 1)
     elif isinstance(value, (tuple, list)):
         for item in value:
             _leaves(item, found, depth + 1)
+    return found
 
 
 def _leaf_record(state, kind, label, t, parents, slot) -> tuple:
@@ -338,9 +350,9 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
         for p in rec[R_PARENTS]:
             children[p].append(i)
     module_outputs: dict[int, list[str]] = {}
-    for call in calls:
-        for index in {i for i, _ in call["outputs"]}:
-            module_outputs.setdefault(index, []).append(f"{call['address']}:{call['pass_num']}")
+    for address, pass_num, _, _, _, outs, _ in calls:
+        for index in {i for i, _ in outs}:
+            module_outputs.setdefault(index, []).append(f"{address}:{pass_num}")
     labels: list[str] = []
     values = state.values
     names: dict[Any, str] = {}  # str() of each dtype and device once, not once per op
@@ -420,12 +432,11 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
                 break
             module = module.rpartition(".")[0]
     by_address: dict[str, list[ModuleCall]] = {}
-    for call in sorted(calls, key=lambda c: (c["address"], c["pass_num"])):
-        outputs = call["outputs"]
-        by_address.setdefault(call["address"], []).append(ModuleCall(
-            call["address"], call["pass_num"], call["type"],
-            labels[call["start"]:call["end"]], [labels[i] for i, _ in outputs],
-            call["time_ns"], positions=[pos for _, pos in outputs]))
+    for address, pass_num, module, start, end, outs, time_ns in sorted(
+            calls, key=lambda c: (c[0], c[1])):
+        by_address.setdefault(address, []).append(ModuleCall(
+            address, pass_num, type(module).__name__, labels[start:end],
+            [labels[i] for i, _ in outs], time_ns, positions=[pos for _, pos in outs]))
     modules = {}
     train_bn = []
     for address, module in inv.modules:
