@@ -379,8 +379,9 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
             i, label, base, pass_num, kind, func, [labels[p] for p in parents], [], shape,
             dtype_name, device_name,
             [list(s) for s in out_shapes] if out_shapes is not None else [list(shape)], nbytes,
-            frame[0], frame[1], list(frame[6]), module_outputs.get(i, []), params_used,
-            buffers_used, time_ns, flops, inplace, is_view, slot, i in values, {}, values.get(i),
+            frame[0], frame[1], list(frame[6]), module_outputs.get(i, []), list(params_used),
+            list(buffers_used), time_ns, flops, inplace, is_view, slot, i in values, {},
+            values.get(i),
         ))
     for op, kids in zip(ops, children):
         if kids:

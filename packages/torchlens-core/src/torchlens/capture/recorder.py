@@ -41,6 +41,7 @@ _PASSTHROUGH = {
     Tensor.output_nr.__get__, Tensor.__array__,
 }
 _SETITEM = Tensor.__setitem__
+_NONE: tuple = ()
 # element types of a tuple/list argument that cannot hold a tensor (strides, paddings, sizes)
 _SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), torch.Size})
 
@@ -228,6 +229,9 @@ class Recorder(TorchFunctionMode):
         self.state = state
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        # Everything here runs between two ops of the user's forward, where the CPU caches are
+        # cold: it keeps only what cannot be derived after the forward (edges, facts of tensors
+        # that may die, the module frame, the time), in one function, without helper calls.
         if kwargs is None:
             kwargs = {}
         s = self.state
@@ -247,14 +251,8 @@ class Recorder(TorchFunctionMode):
             raise
         elapsed = perf_counter_ns() - t0
         out_tensors = [out] if type(out) is Tensor else tensor_outputs(func, first, out)
-        if out_tensors is not None:
-            self._record(func, args, kwargs, out, out_tensors, elapsed, first, version_before)
-        return out
-
-    def _record(self, func, args, kwargs, out, out_tensors, elapsed, first, version_before):
-        # every microsecond here runs between two ops of the user's forward: keep only what
-        # cannot be derived later (edges, facts of tensors that may die, the frame, the time)
-        s = self.state
+        if out_tensors is None:
+            return out
         name = func_name(func)
         inputs: list = []
         for a in args:
@@ -269,8 +267,7 @@ class Recorder(TorchFunctionMode):
                 elif isinstance(a, (tuple, list)) and not _SCALARS.issuperset(map(type, a)):
                     _collect(a, inputs)
         parents: list[int] = []
-        params: list[str] = []
-        buffers: list[str] = []
+        params = buffers = _NONE
         tensors, param_ids, buffer_ids = s.tensors, s.param_ids, s.buffer_ids
         for t in inputs:
             key = id(t)
@@ -282,19 +279,19 @@ class Recorder(TorchFunctionMode):
                     parents.append(index)
             p = param_ids.get(key)
             if p is not None:
-                params.append(p)
+                params = params + (p,)
                 continue
             b = buffer_ids.get(key)
             if b is not None:
-                buffers.append(b)
+                buffers = buffers + (b,)
                 continue
             # (a plain tensor skips Parameter's Python-level isinstance check)
             if type(t) is not Tensor and isinstance(t, Parameter) and s.model is not None:
                 if isinstance(t, UninitializedTensorMixin):
-                    return  # a lazy module materializing itself: not an op of the model
+                    return out  # a lazy module materializing itself: not an op of the model
                 adopted = s.adopt_parameter(t)
                 if adopted is not None:
-                    params.append(adopted)
+                    params = params + (adopted,)
         main = out_tensors[0]
         inplace = version_before is not None and main is first and first._version != version_before
         index = len(s.records)
@@ -312,13 +309,7 @@ class Recorder(TorchFunctionMode):
             nbytes, inplace, main._is_view() and not inplace,
             shapes(args, kwargs) if name in FORMULAS else None, elapsed, label, "op", None))
         if s.calls is not None:
-            s.calls[index] = (func, s.template(args), s.template(kwargs))
-        if s.live is not None:
-            s.live[index] = out if out_shapes else main
-            for position, t in enumerate(out_tensors):
-                s.versions[(index, position)] = t._version
-                if t.requires_grad:
-                    t.register_hook(partial(_keep_grad, s.grads, (index, position)))
+            self._keep_for_replay(index, func, args, kwargs, out, out_tensors)
         ref = _ref(main)
         if s.save_all or (label is not None and (label in s.save_labels or base in s.save_labels)):
             if out_shapes is None and s.held is not None:
@@ -333,6 +324,17 @@ class Recorder(TorchFunctionMode):
         if inplace:
             s.writes.setdefault(storage_key(first), []).append(
                 (index, first.storage_offset(), tuple(first.shape), first.stride()))
+        return out
+
+    def _keep_for_replay(self, index, func, args, kwargs, out, out_tensors) -> None:
+        """Validation: the call's template, its live output, versions and output gradients."""
+        s = self.state
+        s.calls[index] = (func, s.template(args), s.template(kwargs))
+        s.live[index] = out if len(out_tensors) > 1 else out_tensors[0]
+        for position, t in enumerate(out_tensors):
+            s.versions[(index, position)] = t._version
+            if t.requires_grad:
+                t.register_hook(partial(_keep_grad, s.grads, (index, position)))
 
     def _note_failure(self, func, args, kwargs, exc) -> None:
         s = self.state
