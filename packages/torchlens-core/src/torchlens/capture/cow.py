@@ -47,6 +47,15 @@ def _writer_of(func: Any) -> Any:
     return params.index("inplace") if "inplace" in params else None
 
 
+def may_write(func: Any, kwargs: dict) -> bool:
+    """A cheap first test: False means ``written_by`` would find nothing."""
+    try:
+        how = _writers[func]
+    except (KeyError, TypeError):
+        return True
+    return how is not None or "out" in kwargs
+
+
 def written_by(func: Any, args: tuple, kwargs: dict) -> list[Tensor]:
     """The tensors ``func(*args, **kwargs)`` is about to write into (best known; see module)."""
     try:
@@ -101,7 +110,10 @@ class Held:
 
     def keep(self, index: int, t: Tensor, ref: Any) -> None:
         """Save op ``index``'s output ``t`` by reference."""
-        key = storage_key(t)
+        try:
+            key = t.untyped_storage().data_ptr()
+        except Exception:
+            key = -1
         self.values[index] = t.detach()
         self.entries[index] = (t._version, ref, key)
         self.by_storage.setdefault(key, []).append(index)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .cow import Held, storage_key, written_by
+from .cow import Held, may_write, storage_key, written_by
 from .flops import FORMULAS, shapes
 from .naming import func_name
 
@@ -237,7 +237,7 @@ class Recorder(TorchFunctionMode):
         s = self.state
         if func in _PASSTHROUGH or s.suspended:
             return func(*args, **kwargs)
-        if s.held is not None and s.held.entries:
+        if s.held is not None and s.held.entries and may_write(func, kwargs):
             targets = written_by(func, args, kwargs)
             if targets:
                 s.held.before_write(targets)
