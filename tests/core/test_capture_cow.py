@@ -117,3 +117,21 @@ def test_a_write_torchlens_cannot_see_drops_that_value_and_says_so():
     with pytest.raises(tl.TorchLensError) as err:
         _ = trace["linear_1"].out
     assert err.value.code == "activation_not_saved"
+
+
+def test_a_selected_view_keeps_only_its_own_elements():
+    """A view saved without its base does not pin the base's whole storage."""
+
+    class Slices(nn.Module):
+        def forward(self, x):
+            big = x * 2
+            return big[0].sum()
+
+    x = torch.rand(1000, 4)
+    trace = tl.trace(Slices(), x, save=["getitem_1"])
+    value = trace["getitem_1"].out
+    assert torch.equal(value, (x * 2)[0])
+    assert value.untyped_storage().nbytes() == 4 * value.element_size()
+    all_saved = tl.trace(Slices(), torch.rand(1000, 4))
+    view, base = all_saved["getitem_1"].out, all_saved["mul_1"].out
+    assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()

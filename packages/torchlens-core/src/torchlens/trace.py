@@ -68,7 +68,8 @@ class Op:
 
     @property
     def out(self) -> Any:
-        """The saved activation (a detached copy taken right after the op ran)."""
+        """The saved activation: the op's output as it was right after the op ran, detached.
+        A saved view shares memory with the saved value it views, as in the forward."""
         if not self.saved:
             raise TorchLensError(
                 f"op {self.label!r} has no saved activation",

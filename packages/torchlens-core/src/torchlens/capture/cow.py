@@ -4,7 +4,7 @@ A saved op output is first kept by reference (a detached alias: no copy, no auto
 It is copied only when it could change: just before a call that writes into its storage, or at
 the end of the capture when something other than the trace can still reach its storage (a
 parameter, a buffer, an input, the model's output or state). Whatever else stays an alias is
-then owned by the trace alone.
+then owned by the trace alone; saved views share memory with the saved value they view.
 """
 
 from __future__ import annotations
@@ -131,16 +131,20 @@ class Held:
 
     def settle(self, protected: set[int]) -> list[int]:
         """At the end of the capture: copy what others can still reach (its original output is
-        alive, or it shares a ``protected`` storage); drop and return what a call TorchLens
+        alive, or it shares a ``protected`` storage) and a view that alone holds a larger
+        storage (the copy keeps only its own elements); drop and return what a call TorchLens
         could not see has written since (its value is lost)."""
         lost = []
+        sharing = {key: len(indices) for key, indices in self.by_storage.items()}
         for index, (version, ref, key) in list(self.entries.items()):
             value = self.values[index]
             if value._version != version and value.numel():  # an empty tensor holds nothing
                 self.entries.pop(index)
                 del self.values[index]
                 lost.append(index)
-            elif ref() is not None or key in protected:
+            elif ref() is not None or key in protected or (
+                    sharing.get(key) == 1
+                    and value.untyped_storage().nbytes() > value.numel() * value.element_size()):
                 self._own(index)
         self.by_storage.clear()
         return lost
