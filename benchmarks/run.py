@@ -502,7 +502,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="smoke test: 3 runs, 1 warm-up, no peers; writes results/quick.*")
     p.add_argument("--runs", type=int, help="timed runs per method (default 25; --quick 3)")
     p.add_argument("--warmup", type=int, help="untimed runs per method first (default 2)")
-    p.add_argument("--peer-runs", type=int, default=5, help="runs for torchlens 2.36.1")
+    p.add_argument("--peer-runs", type=int, default=9, help="runs for torchlens 2.36.1")
     p.add_argument("--peer-warmup", type=int, default=1)
     p.add_argument("--peer-timeout", type=int, default=1200, help="seconds for the peer process")
     p.add_argument("--peer-python", help="interpreter with torchlens 2.36.1 (default: the "

@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from .capture.engine import capture, capturing, parse_save, saves_nothing
+from .capture.inventory import Inventory, inventory
 from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash
 from .errors import CaptureError, InputError, StateError, warn
 from .ladder import ABSENT, Resolution, forward_errors, resolve
@@ -25,8 +26,9 @@ LAZY_TEACH = [
 _bn_warned = False
 
 
-def _check_entry(model: nn.Module, surface: str, rung3: bool) -> None:
-    """Refusals that need no forward: not a module, nested capture, pending lazy state."""
+def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
+    """Refusals that need no forward: not a module, nested capture, pending lazy state.
+    Returns the model's inventory, for a capture that follows with no forward in between."""
     if not isinstance(model, nn.Module):
         from .errors import InputTypeError
 
@@ -38,7 +40,8 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> None:
             code="nested_trace",
             teach=["call it outside the model's forward",
                    "trace the outer model once and look up the inner module: trace['sub.module']"])
-    lazy = pending_lazy(model)
+    inv = inventory(model)
+    lazy = inv.pending_lazy()
     buffers = [n for n, kind in lazy.items() if kind == "buffer"]
     if buffers:
         raise InputError(
@@ -51,6 +54,7 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> None:
             "a lazy module accepts any width, so a probe would install its guess in your model",
             code="lazy_uninitialized",
             teach=LAZY_TEACH + [f"tl.{surface}(model, x)  # or pass the real input now"])
+    return inv
 
 
 def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str
@@ -67,9 +71,12 @@ def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, inpu
                 surface: str, options: dict, probe=None, hints=None) -> Resolution:
     """Entry checks, then the ladder: the shared first step of every surface."""
     rung3 = value is ABSENT and input_shape is None and not input_kwargs
-    _check_entry(model, surface, rung3)
-    return resolve(model, value, input_kwargs=input_kwargs, input_shape=input_shape,
-                   surface=surface, options=options, probe=probe, hints=hints)
+    inv = _check_entry(model, surface, rung3)
+    res = resolve(model, value, input_kwargs=input_kwargs, input_shape=input_shape,
+                  surface=surface, options=options, probe=probe, hints=hints)
+    if res.verified is None:  # no probe ran a forward since the check
+        res.inventory = inv
+    return res
 
 
 def _options(tokenizer: Any, processor: Any, preprocess: Any, labels: Any = None) -> dict:
@@ -108,7 +115,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
             }
     else:
         with forward_errors(res, "trace"):
-            result = capture(model, res.args, res.kwargs, save=save)
+            result = capture(model, res.args, res.kwargs, save=save, inv=res.inventory)
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
     result._objects.update({"model": model, "labels": labels, **res.objects})

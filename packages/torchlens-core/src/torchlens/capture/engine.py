@@ -62,13 +62,15 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
 
 
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
-            provenance: dict | None = None, replay: bool = False) -> Trace:
+            provenance: dict | None = None, replay: bool = False,
+            inv: Inventory | None = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace.
 
     ``replay=True`` also keeps each op's call template and live output (for validation) in
-    ``trace._replay`` — memory-hungry, never saved.
+    ``trace._replay`` — memory-hungry, never saved. ``inv`` is the model's inventory when the
+    caller took it just before.
     """
-    inv = inventory(model)
+    inv = inv or inventory(model)
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     param_ids = {id(p): name for name, p in inv.params}
     buffer_ids = {id(b): name for name, b in inv.buffers}

@@ -38,6 +38,7 @@ class Resolution:
     objects: dict[str, Any] = field(default_factory=dict)
     verified: Any = None
     given: str = ""  # the type name of the caller's real input, for error hints
+    inventory: Any = None  # the model's inventory from the entry check (capture reuses it)
 
 
 def resolve(model: nn.Module, value: Any = ABSENT, *, input_kwargs: dict | None = None,
