@@ -231,7 +231,7 @@ class Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Everything here runs between two ops of the user's forward, where the CPU caches are
         # cold: it keeps only what cannot be derived after the forward (edges, facts of tensors
-        # that may die, the module frame, the time), in one function, without helper calls.
+        # that may die, the module frame, the time), inline rather than through helpers.
         if kwargs is None:
             kwargs = {}
         s = self.state
