@@ -31,8 +31,8 @@ def storage_key(t: Tensor) -> int:
 
 def _writer_of(func: Any) -> Any:
     """None (writes nothing but ``out=``), "first" (writes its first argument, the ``*_``
-    convention), an int / str (position / name of an ``inplace`` flag), or a tuple of the
-    positions and names a torch.ops schema marks as written."""
+    convention), an int (position of an ``inplace`` flag that makes it write its first
+    argument), or a tuple of the positions and names a torch.ops schema marks as written."""
     if func is _SETITEM or func_name(func).endswith("_"):
         return "first"
     schema = getattr(func, "_schema", None)
@@ -75,7 +75,7 @@ def written_by(func: Any, args: tuple, kwargs: dict) -> list[Tensor]:
                     break
     elif isinstance(how, int):
         flag = args[how] if len(args) > how else kwargs.get("inplace", False)
-        if flag is True and args:
+        if flag and args:
             _tensors(args[0], found)
     elif isinstance(how, tuple):
         for key in how:
