@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import torch
-
 from .errors import LookupFailed, TorchLensError
 
 SCHEMA_VERSION = 1
@@ -383,8 +381,3 @@ def _rebuild(node: Any, trace: Trace) -> Any:
     if node.get("object") is not None and node["object"] < len(objects):
         return objects[node["object"]]
     return node.get("repr")  # a loaded trace: the object's repr
-
-
-def tensor_facts(t: torch.Tensor) -> tuple[tuple[int, ...], str, str]:
-    """Shape, dtype name and device string of a tensor, as stored on ops."""
-    return tuple(t.shape), str(t.dtype).removeprefix("torch."), str(t.device)
