@@ -8,13 +8,15 @@ line of JSON on stdout.
 torchlens 2.36.1 wraps the torch functions on its first ``trace()`` and leaves them wrapped for the
 rest of the process, which slows every later plain forward. So each round unwraps torch
 (``torchlens.backends.torch.wrappers.unwrap_torch``, the spelling 2.36.1 itself points to),
-times the clean plain forward, re-wraps (``wrap_torch``), then times the trace in its steady,
+times the clean plain forward (``--plain-per-round`` times: a 40 ms forward is the denominator of
+every ratio and one burst of load on a shared machine moves a single sample), re-wraps (``wrap_torch``), then times the trace in its steady,
 already-wrapped state and the plain forward under the wrappers (reported as
 ``plain_forward_wrapped``, not used for ratios). Wrapping and unwrapping are not timed. If those
 functions are missing, the clean plain forwards are all timed first, before any trace
 (``"interleaved": false`` in the JSON).
 
-    python benchmarks/peer_torchlens.py --runs 5 --warmup 1 [--models resnet18,gpt2] [--gpt2 lm]
+    python benchmarks/peer_torchlens.py --runs 5 --warmup 1 [--plain-per-round 3]
+        [--models resnet18,gpt2] [--gpt2 lm]
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--plain-per-round", type=int, default=3,
+                        help="clean plain forwards timed per round")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--gpt2", choices=GPT2_CLASSES, default="lm")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads")
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out: dict[str, Any] = {"tool": "torchlens", "version": getattr(tl, "__version__", "?"),
                            "machine": machine(), "runs": args.runs, "warmup": args.warmup,
-                           "models": {}}
+                           "plain_per_round": args.plain_per_round, "models": {}}
     try:
         from torchlens.backends.torch.wrappers import unwrap_torch, wrap_torch
     except ImportError:
@@ -87,15 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         wrapped: list[float] = []
         try:
             if unwrap_torch is None:  # clean plain forwards first, while torch may be unwrapped
-                clean = time_rounds({"plain": plain}, runs=args.runs,
+                clean = time_rounds({"plain": plain}, runs=args.runs * args.plain_per_round,
                                     warmup=args.warmup)["plain"]
             for i in range(args.warmup + args.runs):
                 keep = i >= args.warmup
                 if unwrap_torch is not None:
                     unwrap_torch()
-                    t = time_once(plain)
-                    if keep:
-                        clean.append(t)
+                    for _ in range(args.plain_per_round):
+                        t = time_once(plain)
+                        if keep:
+                            clean.append(t)
                     wrap_torch()
                 t = time_once(trace)
                 if keep:

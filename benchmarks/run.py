@@ -209,7 +209,8 @@ def run_peer(args: argparse.Namespace, models: list[str]) -> dict[str, Any]:
     if python is None:
         return {"error": why}
     cmd = [python, str(HERE / "peer_torchlens.py"), "--runs", str(args.peer_runs),
-           "--warmup", str(args.peer_warmup), "--models", ",".join(models), "--gpt2", args.gpt2,
+           "--warmup", str(args.peer_warmup), "--plain-per-round", str(args.peer_plain_per_round),
+           "--models", ",".join(models), "--gpt2", args.gpt2,
            "--threads", str(torch.get_num_threads())]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     print(f"torchlens 2.36.1 peer: {python} ...", flush=True)
@@ -422,7 +423,9 @@ def machine_line(report: dict[str, Any]) -> str:
     return (f"{m['cpu']}, {m['cores']} cores ({threads}), "
             f"torch {m['torch']}, Python {m['python']}; torchlens-core {c['torchlens']}"
             f"{' @ ' + c['git'] if c.get('git') else ''}; CPU, median of {c['runs']} runs "
-            f"({c['peer_runs']} for torchlens 2.36.1); load average "
+            f"({c['peer_runs']} for torchlens 2.36.1, against "
+            f"{c['peer_runs'] * c.get('peer_plain_per_round', 1)} of its plain forward); "
+            f"load average "
             f"{m['load_avg_1min']['start']:.1f} -> {m['load_avg_1min']['end']:.1f}")
 
 
@@ -504,6 +507,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="untimed runs per method first (default 2)")
     p.add_argument("--peer-runs", type=int, default=9, help="runs for torchlens 2.36.1")
     p.add_argument("--peer-warmup", type=int, default=1)
+    p.add_argument("--peer-plain-per-round", type=int, default=3,
+                   help="plain forwards per torchlens 2.36.1 round (its ratios' denominator)")
     p.add_argument("--peer-timeout", type=int, default=1200, help="seconds for the peer process")
     p.add_argument("--peer-python", help="interpreter with torchlens 2.36.1 (default: the "
                                          "bench-peer hatch env, created when missing)")
@@ -569,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
                    "gpt2_scaling_class": args.gpt2_scaling, "runs": args.runs,
                    "warmup": args.warmup,
                    "peer_runs": args.peer_runs, "peer_warmup": args.peer_warmup,
+                   "peer_plain_per_round": args.peer_plain_per_round,
                    "quick": args.quick, "skipped": sorted(skip)},
         "versions": versions,
         "models": results,
