@@ -7,13 +7,13 @@ line of JSON on stdout.
 
 torchlens 2.36.1 wraps the torch functions on its first ``trace()`` and leaves them wrapped for the
 rest of the process, which slows every later plain forward. So each round unwraps torch
-(``torchlens.backends.torch.wrappers.unwrap_torch``, the spelling 2.36.1 itself points to),
-times the clean plain forward (``--plain-per-round`` times: a 40 ms forward is the denominator of
-every ratio and one burst of load on a shared machine moves a single sample), re-wraps (``wrap_torch``), then times the trace in its steady,
-already-wrapped state and the plain forward under the wrappers (reported as
-``plain_forward_wrapped``, not used for ratios). Wrapping and unwrapping are not timed. If those
-functions are missing, the clean plain forwards are all timed first, before any trace
-(``"interleaved": false`` in the JSON).
+(``torchlens.backends.torch.wrappers.unwrap_torch``, the spelling 2.36.1 itself points to), times
+the clean plain forward (``--plain-per-round`` times: a 40 ms forward is the denominator of every
+ratio, and one burst of load on a shared machine moves a single sample), re-wraps (``wrap_torch``),
+then times the trace in its steady, already-wrapped state and the plain forward under the wrappers
+(reported as ``plain_forward_wrapped``, not used for ratios). Wrapping and unwrapping are not
+timed. If those functions are missing, the clean plain forwards are all timed first, before any
+trace (``"interleaved": false`` in the JSON).
 
     python benchmarks/peer_torchlens.py --runs 5 --warmup 1 [--plain-per-round 3]
         [--models resnet18,gpt2] [--gpt2 lm]
