@@ -57,6 +57,15 @@ CODES: dict[str, str] = {
     "draw_option_invalid": "a drawing keyword is unknown or has a value it cannot take",
     "graphviz_not_found": "Graphviz's dot program is not installed, so no PDF/SVG/PNG layout",
     "render_failed": "a renderer could not turn the drawing source into the requested format",
+    # recording store (tl.record(..., to=), tl.recording.open)
+    "recording_mismatch": "to= holds a store written by another model, selection or options",
+    "recording_invalid": "a recording store is missing, corrupt or not a TorchLens store",
+    "recording_write_failed": "a shard or manifest could not be written (disk full, I/O error)",
+    "recording_input_changed": "an input's structure (labels, shapes, dtypes) changed mid-stream",
+    "recording_value_unsupported": "a selected value cannot be stored as rows (not one tensor "
+                                   "with the batch first)",
+    "inputs_empty": "tl.record was given an empty iterable of inputs",
+    "distributed_unavailable": "torchrun variables are set but the process group cannot start",
 }
 
 

@@ -157,16 +157,19 @@ def _check_selection(trace: Trace, labels: set[str]) -> None:
             + ["tl.trace(model, x, save=None)  # then list the labels: [op.label for op in t]"])
 
 
-def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str]
-                     ) -> dict[str, Any]:
+def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str],
+                     keep: Any = None) -> dict[str, Any]:
     """A light capture: only labels are computed and only the selected activations copied.
 
     Labels match a full trace's; module addresses give the module's output (``addr:2`` for a
-    later pass). Returns ``{label or address: tensor}``.
+    later pass). ``keep(key, value)`` makes what is kept of a live value (default: a detached
+    copy). Returns ``{label or address: kept value}``.
     """
     _, save_labels, save_modules = parse_save(list(save), model)
     state = CaptureState({}, {}, False, save_labels)
     state.light = {}
+    if keep is not None:
+        state.keep = keep
     handles = _install_module_hooks(inventory(model).modules, state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
@@ -221,7 +224,7 @@ def _install_module_hooks(named_modules, state, calls, save_modules):
         if state.light is not None:
             if address in save_modules and found:
                 key = address if frame[1] == 1 else f"{address}:{frame[1]}"
-                state.light[key] = snapshot(found[0] if len(found) == 1 else found)
+                state.light[key] = state.keep(key, found[0] if len(found) == 1 else found)
             return
         tensors = state.tensors
         # (record index, which tensor of its output) of each output tensor a recorded op made

@@ -75,6 +75,7 @@ class CaptureState:
         self.model: Any = None
         self.suspended = 0  # > 0 while a lazy module initializes its parameters
         self.light: dict[str, Any] | None = None  # selected values of a light capture
+        self.keep = _keep_copy  # what a light capture keeps of a selected value
         self.output_objects: list[Any] = []  # non-JSON output values, kept in memory
         self.calls: dict[int, tuple] | None = None  # replay templates, when asked for
         self.live: dict[int, Any] | None = None  # the real output tensors, when asked for
@@ -197,6 +198,10 @@ def snapshot(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return tuple(snapshot(v) for v in value)
     return value
+
+
+def _keep_copy(key: str, value: Any) -> Any:
+    return snapshot(value)
 
 
 def _collect(value: Any, found: list, depth: int = 0) -> None:
@@ -366,5 +371,5 @@ class LightRecorder(Recorder):
             return out
         label, base, _ = s.label_for(func_name(func))
         if label in s.save_labels or base in s.save_labels:
-            s.light[label] = snapshot(out if len(tensors) > 1 else tensors[0])
+            s.light[label] = s.keep(label, out if len(tensors) > 1 else tensors[0])
         return out

@@ -1,0 +1,262 @@
+"""tl.record: the selected ops' activations over one input or a whole dataset.
+
+A light capture labels every op exactly as ``tl.trace`` does but keeps only what ``save=``
+selects. Without ``to=`` the values stay in memory; with it they go to a sharded store on disk
+that survives a kill, resumes, and is written by every rank of a torchrun job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..capture.engine import capture_selected, parse_save
+from ..errors import InputError
+from . import distributed
+from .dry_run import SAVE_TEACH, dry_run
+from .manifest import MANIFEST, RecordingError, header, merge, rank_manifest, read_json, write_json
+from .memory import Recording
+from .reader import StoredRecording
+from .reader import open as open_store
+from .rows import Keeper, batch_rows, check_reduce, describe_reduce
+from .writer import ShardWriter, prepare
+
+SHARD_BYTES = 64 << 20
+
+
+def _is_single(inputs: Any) -> bool:
+    """One input (a tensor, args tuple, mapping, string, image) vs an iterable of inputs."""
+    if isinstance(inputs, (torch.Tensor, str, bytes, tuple, Mapping)):
+        return True
+    module = type(inputs).__module__ or ""
+    return module.startswith("PIL.") or module.startswith("numpy") or not isinstance(
+        inputs, Iterable)
+
+
+def _is_prompts(inputs: Any) -> bool:
+    return isinstance(inputs, list) and bool(inputs) and all(isinstance(v, str) for v in inputs)
+
+
+def _forwards(items: Iterable, skip: int, batch_size: int, prompts: bool
+              ) -> Iterator[tuple[int, Any, int]]:
+    """(first input's local index, the value one forward takes, inputs it covers)."""
+    items = itertools.islice(items, skip, None) if skip else items
+    if not prompts:
+        for k, item in enumerate(items, start=skip):
+            yield k, item, 1
+        return
+    chunk: list[str] = []
+    k = skip
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == batch_size:
+            yield k, chunk, len(chunk)
+            k, chunk = k + len(chunk), []
+    if chunk:
+        yield k, chunk, len(chunk)
+
+
+def _check_options(save: Any, reduce: Any, dtype: Any, to: Any, batch_size: int) -> None:
+    if isinstance(save, str) or not save or not all(isinstance(s, str) for s in save):
+        raise InputError("tl.record needs save= as a non-empty list of op labels or module "
+                         "addresses", code="save_selection_invalid", teach=SAVE_TEACH)
+    check_reduce(reduce, list(save))
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise InputError(f"dtype={dtype!r}: pass a torch dtype such as torch.bfloat16",
+                         code="option_invalid",
+                         teach=["tl.record(model, inputs, save=[...], to='acts/', "
+                                "dtype=torch.bfloat16)"])
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size={batch_size!r}: a positive number of prompts per forward",
+                         code="option_invalid", teach=["tl.record(lm, prompts, save=[...], "
+                                                       "batch_size=32)"])
+    if to is not None and Path(to).exists() and not Path(to).is_dir():
+        raise InputError(f"to={os.fspath(to)!r} is a file; a store is a folder",
+                         code="option_invalid",
+                         teach=["tl.record(model, inputs, save=[...], to='acts/')"])
+
+
+def _inputs(inputs: Any) -> tuple[Iterable, int | None, bool]:
+    """The inputs as an iterable, their count when known, and whether they are prompts."""
+    if _is_single(inputs):
+        return [inputs], 1, False
+    total = len(inputs) if hasattr(inputs, "__len__") else None
+    if total == 0:
+        raise InputError("tl.record was given no inputs (an empty iterable)",
+                         code="inputs_empty",
+                         teach=["tl.record(model, loader, save=[...])  # a non-empty DataLoader"])
+    if total is None:
+        it = iter(inputs)
+        first = next(it, _END)
+        if first is _END:
+            raise InputError("tl.record was given no inputs (the iterator is exhausted)",
+                             code="inputs_empty",
+                             teach=["tl.record(model, iter(data), save=[...])  # a fresh one"])
+        inputs = itertools.chain([first], it)
+    return inputs, total, _is_prompts(inputs)
+
+
+_END = object()
+
+
+def record(model: nn.Module, inputs: Any, /, *, save: list[str],
+           to: str | os.PathLike | None = None, dtype: torch.dtype | None = None,
+           reduce: Any = None, batch_size: int = 1,
+           overwrite: bool = False, progress: bool | None = None, shard_bytes: int = SHARD_BYTES,
+           tokenizer: Any = None, processor: Any = None, preprocess: Any = None
+           ) -> Recording | StoredRecording:
+    """Record the ``save=`` ops' activations over one input or an iterable of inputs (a
+    DataLoader, a list of prompts tokenized ``batch_size`` at a time).
+
+    Without ``to=`` values stay in memory. With ``to=`` they go to a store on disk: one row per
+    example, padded tokens dropped, ``dtype`` cast, ``reduce`` ("mean", "last", a callable, or a
+    mapping per label) applied inside the forward. The same call again resumes; under torchrun
+    each rank records its share. Returns the opened store.
+    """
+    _check_options(save, reduce, dtype, to, batch_size)
+    save = list(save)
+    parse_save(save, model)  # module addresses are checked now
+    items, total, prompts = _inputs(inputs)
+    options = {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess}
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if to is None:
+        return _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size,
+                                 progress, options)
+    items, first = _peek(items)
+    _check_labels(model, first, save, options, prompts)
+    return _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size,
+                            progress, options, Path(to), overwrite, shard_bytes)
+
+
+def _peek(items: Iterable) -> tuple[Iterable, Any]:
+    if isinstance(items, (list, tuple)):
+        return items, items[0]
+    it = iter(items)
+    first = next(it)
+    return itertools.chain([first], it), first
+
+
+def _check_labels(model: nn.Module, first: Any, save: list[str], options: dict,
+                  prompts: bool) -> None:
+    """The dry_run check: op labels the forward does not make refuse before any recording."""
+    from ..capture.inventory import inventory
+
+    modules = {name for name, _ in inventory(model).modules if name}
+    if all(s in modules for s in save):
+        return
+    dry_run(model, [first] if prompts else first, save=save, **options)
+
+
+def _resolve(model: nn.Module, value: Any, options: dict):
+    from ..verbs import resolve_for
+
+    return resolve_for(model, value, input_kwargs=None, input_shape=None, surface="record",
+                       options=options)
+
+
+def _missing(values: dict[str, Any], save: list[str]) -> None:
+    missing = [s for s in save if not any(k == s or k.startswith(f"{s}:") or
+                                          k.rpartition(":")[0] == s for k in values)]
+    if missing:
+        raise InputError(f"save= names {missing} that no op or module of this forward matches",
+                         code="save_selection_invalid", teach=SAVE_TEACH)
+
+
+def _bar(progress: bool, total: int | None):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="tl.record", unit="input", dynamic_ncols=True)
+
+
+def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
+                      options) -> Recording:
+    bar = _bar(progress, total)
+    batches: list[dict[str, Any]] = []
+    provenance: list[dict] = []
+    labels: list[str] = []
+    try:
+        for _, value, count in _forwards(items, 0, batch_size, prompts):
+            res = _resolve(model, value, options)
+            _, mask = batch_rows(res.args, res.kwargs)
+            keeper = Keeper(save, reduce, dtype, mask, as_rows=False)
+            values = capture_selected(model, res.args, res.kwargs, save, keep=keeper)
+            if not batches:
+                labels = list(values)
+                _missing(values, save)
+            provenance.append(res.provenance)
+            batches.append(values)
+            if bar is not None:
+                bar.update(count)
+    finally:
+        if bar is not None:
+            bar.close()
+    return Recording(labels, batches, provenance)
+
+
+def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
+                     options, folder: Path, overwrite: bool, shard_bytes: int
+                     ) -> StoredRecording:
+    ranks = distributed.join(model)
+    try:
+        mine, interleave = distributed.share(items, ranks)
+        store_options = {"dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+                         "reduce": describe_reduce(reduce),
+                         "batch_size": batch_size if prompts else None}
+        head = header(model, save, store_options, ranks.world)
+        resume = prepare(folder, head, ranks.rank, overwrite and ranks.rank == 0)
+        distributed.barrier(ranks)  # rank 0 has cleared the folder when asked to
+        writer = ShardWriter(folder, head, ranks.rank, interleave=interleave,
+                             shard_bytes=shard_bytes, resume=resume)
+        bar = _bar(progress and ranks.rank == 0, total)
+        if bar is not None and writer.items_done:
+            bar.update(writer.items_done * ranks.world)
+        try:
+            _fill(model, writer, mine, prompts, save, reduce, dtype, batch_size, options, ranks,
+                  bar)
+        except BaseException:
+            writer.flush()  # whole inputs recorded so far are kept
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        writer.close()
+        distributed.barrier(ranks)
+        if ranks.world > 1 and ranks.rank == 0:
+            parts = [read_json(folder / rank_manifest(r)) for r in range(ranks.world)]
+            write_json(folder / MANIFEST, merge(parts))
+        distributed.barrier(ranks)
+    finally:
+        distributed.leave(ranks)
+    return open_store(folder)
+
+
+def _fill(model, writer: ShardWriter, mine, prompts, save, reduce, dtype, batch_size, options,
+          ranks, bar) -> None:
+    first = writer.part["rows"] == 0
+    for k, value, count in _forwards(mine, writer.items_done, batch_size, prompts):
+        res = _resolve(model, value, options)
+        n_rows, mask = batch_rows(res.args, res.kwargs)
+        keeper = Keeper(save, reduce, dtype, mask, as_rows=True)
+        values = capture_selected(model, res.args, res.kwargs, save, keep=keeper)
+        if first:
+            _missing(values, save)
+            first = False
+        writer.note_provenance(res.provenance, count)
+        writer.add(k * ranks.world + ranks.rank, values, [1] * count if prompts else [n_rows])
+        if bar is not None:
+            bar.update(count * ranks.world)
+            bar.set_postfix_str(f"{writer.part['rows'] + sum(writer.pending_rows)} rows, "
+                                f"{writer.bytes_written / 1e6:.1f} MB", refresh=False)
+
+
+__all__ = ["record", "RecordingError"]

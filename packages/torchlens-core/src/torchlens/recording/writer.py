@@ -1,0 +1,204 @@
+"""One rank's writer: buffers rows, writes whole shards atomically, then lists them.
+
+A shard is renamed into place only when whole and fsynced; the rank's manifest (and, alone,
+the store's ``manifest.json``) is rewritten atomically after it. A kill at any moment leaves
+the last manifest, which names only whole shards.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save as safetensors_bytes
+
+from ..errors import InputError
+from .manifest import (
+    MANIFEST,
+    OVERWRITE_TEACH,
+    RecordingError,
+    differences,
+    merge,
+    rank_manifest,
+    read_json,
+    write_atomic,
+    write_json,
+)
+from .rows import Rows
+
+SHARDS = "shards"
+OFFSETS = "offsets/"  # prefix of a ragged label's per-example offsets inside a shard
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def prepare(folder: Path, head: dict[str, Any], rank: int, overwrite: bool) -> dict | None:
+    """Check ``folder`` against ``head``; return this rank's earlier manifest to resume, if any.
+    With ``overwrite`` rank 0 clears the folder (the caller holds the other ranks back)."""
+    if overwrite:
+        if rank == 0 and folder.exists():
+            shutil.rmtree(folder)
+        return None
+    own = folder / rank_manifest(rank)
+    old = read_json(own) if own.exists() else None
+    merged = folder / MANIFEST
+    against = old or (read_json(merged) if merged.exists() else None)
+    if against is None:
+        if folder.exists() and any(p.name != SHARDS for p in folder.iterdir()):
+            raise RecordingError(f"{folder} is a folder with other files, not a recording store",
+                                 code="recording_mismatch",
+                                 teach=["tl.record(..., to=NEW_DIR)", OVERWRITE_TEACH])
+        return None
+    diff = differences(against, head)
+    if diff:
+        raise RecordingError(
+            f"{folder} holds a store written with a different {'; '.join(diff)}",
+            code="recording_mismatch",
+            teach=[OVERWRITE_TEACH, "tl.record(..., to=OTHER_DIR)  # keep the old store"])
+    return old
+
+
+class ShardWriter:
+    """Rows in, shards out, for one rank of a store."""
+
+    def __init__(self, folder: Path, head: dict[str, Any], rank: int, *, interleave: str,
+                 shard_bytes: int, resume: dict | None):
+        self.folder, self.rank, self.shard_bytes = folder, rank, shard_bytes
+        (folder / SHARDS).mkdir(parents=True, exist_ok=True)
+        for stale in (folder / SHARDS).glob(f".r{rank:05d}-*"):
+            stale.unlink(missing_ok=True)  # a temporary file a killed run left
+        self.part = resume or {**head, "rank": rank, "labels": {}, "shards": [], "rows": 0,
+                               "items": 0, "interleave": interleave,
+                               "provenance": {"origins": {}}}
+        self.part["status"] = "recording"
+        self.pending: dict[str, list[Rows]] = {}
+        self.pending_rows: list[int] = []
+        self.pending_bytes = 0
+        self.bytes_written = sum(s.get("bytes", 0) for s in self.part["shards"])
+
+    @property
+    def items_done(self) -> int:
+        return self.part["items"]
+
+    def note_provenance(self, provenance: dict[str, Any], inputs: int) -> None:
+        """Count the inputs' origins; keep the resolver's facts (the tokenizer) once."""
+        origins = self.part["provenance"]["origins"]
+        origin = provenance.get("origin", "gold")
+        origins[origin] = origins.get(origin, 0) + inputs
+        if "resolver" not in self.part["provenance"] and provenance.get("resolver"):
+            facts = provenance["resolver"]
+            self.part["provenance"]["resolver"] = {
+                k: v for k, v in facts.items() if k in ("plugin", "kind", "tokenizer", "call",
+                                                        "processor", "forward_kwargs")}
+
+    def add(self, example: int, values: dict[str, Any], item_rows: list[int]) -> None:
+        """One forward's rows: ``item_rows`` per input it covered (a batch of prompts covers
+        several); ``example`` is its first input's index among all inputs, for messages."""
+        n_rows = sum(item_rows)
+        labels = self.part["labels"]
+        if not labels:
+            labels.update(self._describe(example, values, n_rows))
+        self._check(example, values, n_rows, labels)
+        for key, rows in values.items():
+            self.pending.setdefault(key, []).append(rows)
+            self.pending_bytes += rows.units.numel() * rows.units.element_size()
+        self.pending_rows.extend(item_rows)
+        if self.pending_bytes >= self.shard_bytes:
+            self.flush()
+
+    def _describe(self, example: int, values: dict[str, Any], n_rows: int) -> dict[str, Any]:
+        out = {}
+        for key, rows in values.items():
+            if not isinstance(rows, Rows) or rows.units.dim() == 0 or (
+                    rows.lengths is None and rows.units.shape[0] != n_rows):
+                raise InputError(
+                    f"{key!r} is not one tensor with the batch first (input {example} has "
+                    f"{n_rows} example(s); the value is {_kind(rows)}), so it cannot be stored "
+                    "as rows", code="recording_value_unsupported",
+                    teach=["tl.recording.dry_run(model, x, save=[...])  # find an op label "
+                           "with the batch first",
+                           "tl.record(model, inputs, save=[...])  # without to=, in memory"])
+            out[key] = {"shape": list(rows.units.shape[1:]), "dtype": dtype_name(
+                rows.units.dtype), "ragged": rows.lengths is not None}
+        return out
+
+    def _check(self, example: int, values: dict[str, Any], n_rows: int, labels: dict) -> None:
+        problem = None
+        if set(values) != set(labels):
+            problem = (f"it recorded {sorted(values)} where earlier inputs recorded "
+                       f"{sorted(labels)}")
+        else:
+            for key, rows in values.items():
+                want = labels[key]
+                if not isinstance(rows, Rows):
+                    problem = f"{key!r} is {_kind(rows)}"
+                elif list(rows.units.shape[1:]) != want["shape"] or dtype_name(
+                        rows.units.dtype) != want["dtype"] or (
+                        rows.lengths is not None) != want["ragged"]:
+                    problem = (f"{key!r} has rows of shape {list(rows.units.shape[1:])} "
+                               f"{dtype_name(rows.units.dtype)}"
+                               f"{' per token' if rows.lengths is not None else ''}, earlier "
+                               f"{want['shape']} {want['dtype']}"
+                               f"{' per token' if want['ragged'] else ''}")
+                elif rows.lengths is None and rows.units.shape[0] != n_rows:
+                    problem = f"{key!r} has {rows.units.shape[0]} rows for {n_rows} example(s)"
+                if problem:
+                    break
+        if problem:
+            self.flush()
+            raise InputError(
+                f"input {example} changed structure: {problem}. The {self.part['rows']} rows "
+                "before it are kept in the store", code="recording_input_changed",
+                teach=["give every input the same structure (pad or bucket them alike)",
+                       "tl.record(model, other_inputs, save=[...], to=OTHER_DIR)"])
+
+    def flush(self) -> None:
+        """Write the pending rows as one whole shard, then list it in the manifests."""
+        if not self.pending_rows:
+            return
+        tensors: dict[str, torch.Tensor] = {}
+        for key, parts in self.pending.items():
+            tensors[key] = torch.cat([p.units.cpu() for p in parts]).contiguous()
+            if parts[0].lengths is not None:
+                lengths = torch.cat([p.lengths.cpu() for p in parts]).to(torch.int64)
+                tensors[OFFSETS + key] = torch.cat(
+                    [torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        index = len(self.part["shards"])
+        name = f"r{self.rank:05d}-{index:06d}.safetensors"
+        data = safetensors_bytes(tensors, metadata={"rank": str(self.rank),
+                                                    "index": str(index)})
+        write_atomic(self.folder / SHARDS / name, lambda tmp: tmp.write_bytes(data))
+        rows = self.pending_rows
+        first = self.part["items"]
+        self.part["shards"].append({
+            "file": f"{SHARDS}/{name}", "rank": self.rank, "index": index,
+            "items": [first, first + len(rows)], "rows": sum(rows), "bytes": len(data),
+            "item_rows": rows[0] if len(set(rows)) == 1 else rows})
+        self.part["items"] += len(rows)
+        self.part["rows"] += sum(rows)
+        self.bytes_written += len(data)
+        self.pending, self.pending_rows, self.pending_bytes = {}, [], 0
+        self._write_manifests()
+
+    def close(self) -> None:
+        """Flush what is pending and mark this rank complete."""
+        self.flush()
+        self.part["status"] = "complete"
+        self._write_manifests()
+
+    def _write_manifests(self) -> None:
+        write_json(self.folder / rank_manifest(self.rank), self.part)
+        if self.part["world_size"] == 1:
+            write_json(self.folder / MANIFEST, merge([self.part]))
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, Rows):
+        return f"a tensor of shape {list(value.units.shape)}"
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    return f"a {type(value).__name__}"
