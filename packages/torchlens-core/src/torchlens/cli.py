@@ -1,4 +1,4 @@
-"""The ``torchlens`` command line: summary, draw, show and plugins.
+"""The ``torchlens`` command line: summary, draw, record, show and plugins.
 
 Exit codes: 0 success, 2 bad usage, 3 a TorchLens refusal (its code and teach are printed),
 4 the model target could not be loaded, 1 anything else.
@@ -100,6 +100,30 @@ def _draw(args) -> int:
     return EXIT_OK
 
 
+def _record(args) -> int:
+    import torch
+
+    import torchlens as tl
+
+    from .recording.inputs import read_inputs
+
+    model = load_target(args.target)
+    dtype = None
+    if args.dtype is not None:
+        dtype = getattr(torch, args.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise argparse.ArgumentTypeError(f"--dtype {args.dtype!r}: a torch dtype name such "
+                                             "as bfloat16 or float16")
+    rec = tl.record(model, read_inputs(args.inputs), save=args.save, to=args.to, dtype=dtype,
+                    reduce=args.reduce, batch_size=args.batch_size, overwrite=args.overwrite,
+                    progress=False if args.no_progress else None)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(rec)
+        for label in rec.labels:
+            print(f"  {label}: {rec[label]!r}")
+    return EXIT_OK
+
+
 def _collapse(text: str) -> Any:
     return int(text) if text.isdigit() else text
 
@@ -151,6 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collapse", default="auto", help="auto, none, modules or a depth")
     p.add_argument("--theme", default="light", choices=["light", "dark", "print"])
     p.set_defaults(run=_draw)
+    p = sub.add_parser("record", help="record selected activations over many inputs to a store "
+                       "(runs under torchrun too)")
+    p.add_argument("target", help="pkg.module:factory, or a model folder a plugin loads")
+    p.add_argument("--inputs", required=True,
+                   help="a text file of prompts (one a line), or a folder of images")
+    p.add_argument("--save", action="append", required=True, metavar="LABEL",
+                   help="an op label or module address; repeat for several")
+    p.add_argument("--to", required=True, help="the store folder to write (or resume)")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts per forward")
+    p.add_argument("--dtype", help="store values cast, e.g. bfloat16")
+    p.add_argument("--reduce", choices=["mean", "last"], help="keep one row per example")
+    p.add_argument("--overwrite", action="store_true", help="start the store afresh")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=_record)
     p = sub.add_parser("show", help="describe a saved trace file")
     p.add_argument("file")
     p.add_argument("--limit", type=int, default=40)

@@ -97,7 +97,7 @@ def write_atomic(path: Path, write) -> None:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    text = json.dumps(data, separators=(",", ":"))
     write_atomic(path, lambda tmp: tmp.write_text(text))
 
 
