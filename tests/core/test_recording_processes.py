@@ -1,0 +1,86 @@
+"""The store across real processes: a run killed with SIGKILL, and torchrun with two ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import torchlens as tl
+from tests.core.scripts.record_worker import build
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ["-m", "tests.core.scripts.record_worker"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _rows(rec) -> dict[str, torch.Tensor]:
+    return {label: rec[label][0:len(rec)] for label in rec.labels}
+
+
+def test_a_store_killed_at_any_moment_opens_and_resumes(tmp_path):
+    n = 16
+    model, inputs = build(n)
+    reference = tl.record(model, inputs, save=["a", "relu_1"], to=tmp_path / "ref",
+                          shard_bytes=1, progress=False)
+    want = _rows(reference)
+    store = tmp_path / "acts"
+    cmd = [sys.executable, *WORKER, "--to", str(store), "-n", str(n), "--delay", "0.05"]
+    kills = 0
+    for delay in (0.0, 0.013, 0.031):
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env())
+        deadline = time.monotonic() + 60
+        before = len(tl.recording.open(store)) if (store / "manifest.json").exists() else 0
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (store / "manifest.json").exists() and len(tl.recording.open(store)) > before:
+                break
+            time.sleep(0.005)
+        time.sleep(delay)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=30)
+        rec = tl.recording.open(store)  # whatever the moment, it opens
+        got = _rows(rec)
+        assert 0 < len(rec) < reference.manifest["rows"] + 1
+        for label in want:  # every completed row is the right row
+            assert torch.equal(got[label], want[label][:len(rec)])
+    assert kills >= 2
+    subprocess.run(cmd[:-2], cwd=ROOT, env=_env(), check=True, timeout=120)  # resume, no delay
+    final = tl.recording.open(store)
+    assert final.complete and all(torch.equal(v, want[k]) for k, v in _rows(final).items())
+
+
+def test_torchrun_with_two_ranks_writes_the_single_process_store_bit_for_bit(tmp_path):
+    n = 11  # not a multiple of 2: the ranks hold 6 and 5 inputs
+    model, inputs = build(n)
+    single = tl.record(model, inputs, save=["a", "relu_1"], to=tmp_path / "one",
+                       shard_bytes=1, progress=False)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", *WORKER, "--to", str(tmp_path / "two"), "-n", str(n)]
+    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = tl.recording.open(tmp_path / "two")
+    assert two.manifest["world_size"] == 2 and two.complete
+    assert {s["rank"] for s in two.manifest["shards"]} == {0, 1}
+    assert [r["items"] for r in two.manifest["ranks"]] == [6, 5]
+    assert len(two) == len(single) and two.labels == single.labels
+    for label in single.labels:
+        a, b = single[label][0:len(single)], two[label][0:len(two)]
+        assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    shuffled = [torch.cat(list(r.batches("a", batch_size=7, shuffle=True, seed=1)))
+                for r in (single, two)]
+    assert torch.equal(*shuffled)
