@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from torch import nn
@@ -53,16 +51,6 @@ def test_record_one_input_and_an_iterable():
     assert rec["cell"].shape[0] == 3 * x.shape[0]
     third = tl.trace(model, x * 3)
     assert torch.equal(rec["cell:3"][4:], third["cell:3"].out)
-
-
-def test_record_spills_to_disk_and_reads_back(tmp_path):
-    model, x = PURE_CASES["cnn_bn"].build()
-    inputs = [x, x + 1]
-    spilled = tl.record(model, inputs, save=["conv2d_1"], spill_dir=tmp_path, progress=False)
-    memory = tl.record(model, inputs, save=["conv2d_1"], progress=False)
-    assert sorted(os.listdir(tmp_path)) == ["batch-000000.pt", "batch-000001.pt"]
-    assert spilled._batches is None
-    assert torch.equal(spilled["conv2d_1"], memory["conv2d_1"])
 
 
 def test_record_progress_bar_switch(capsys):
