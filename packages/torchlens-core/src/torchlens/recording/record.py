@@ -118,7 +118,7 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     Without ``to=`` values stay in memory. With ``to=`` they go to a store on disk: one row per
     example, padded tokens dropped, ``dtype`` cast, ``reduce`` ("mean", "last", a callable, or a
     mapping per label) applied inside the forward. The same call again resumes; under torchrun
-    each rank records its share. Returns the opened store.
+    each rank records its share. Returns the opened store. Forwards run under ``no_grad``.
     """
     _check_options(save, reduce, dtype, to, batch_size)
     save = list(save)
@@ -162,6 +162,12 @@ def _resolve(model: nn.Module, value: Any, options: dict):
                        options=options)
 
 
+def _capture(model: nn.Module, res, save: list[str], keeper: Keeper) -> dict[str, Any]:
+    """One light capture; recording needs no autograd graph, so none is built."""
+    with torch.no_grad():
+        return capture_selected(model, res.args, res.kwargs, save, keep=keeper)
+
+
 def _missing(values: dict[str, Any], save: list[str]) -> None:
     missing = [s for s in save if not any(k == s or k.startswith(f"{s}:") or
                                           k.rpartition(":")[0] == s for k in values)]
@@ -189,7 +195,7 @@ def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_s
             res = _resolve(model, value, options)
             _, mask = batch_rows(res.args, res.kwargs)
             keeper = Keeper(save, reduce, dtype, mask, as_rows=False)
-            values = capture_selected(model, res.args, res.kwargs, save, keep=keeper)
+            values = _capture(model, res, save, keeper)
             if not batches:
                 labels = list(values)
                 _missing(values, save)
@@ -247,7 +253,7 @@ def _fill(model, writer: ShardWriter, mine, prompts, save, reduce, dtype, batch_
         res = _resolve(model, value, options)
         n_rows, mask = batch_rows(res.args, res.kwargs)
         keeper = Keeper(save, reduce, dtype, mask, as_rows=True)
-        values = capture_selected(model, res.args, res.kwargs, save, keep=keeper)
+        values = _capture(model, res, save, keeper)
         if first:
             _missing(values, save)
             first = False

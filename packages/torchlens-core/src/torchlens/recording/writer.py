@@ -104,6 +104,8 @@ class ShardWriter:
             labels.update(self._describe(example, values, n_rows))
         self._check(example, values, n_rows, labels)
         for key, rows in values.items():
+            if rows.units.device.type != "cpu":  # leave nothing behind on the accelerator
+                rows = Rows(rows.units.cpu(), None if rows.lengths is None else rows.lengths.cpu())
             self.pending.setdefault(key, []).append(rows)
             self.pending_bytes += rows.units.numel() * rows.units.element_size()
         self.pending_rows.extend(item_rows)
@@ -162,9 +164,9 @@ class ShardWriter:
             return
         tensors: dict[str, torch.Tensor] = {}
         for key, parts in self.pending.items():
-            tensors[key] = torch.cat([p.units.cpu() for p in parts]).contiguous()
+            tensors[key] = torch.cat([p.units for p in parts]).contiguous()
             if parts[0].lengths is not None:
-                lengths = torch.cat([p.lengths.cpu() for p in parts]).to(torch.int64)
+                lengths = torch.cat([p.lengths for p in parts]).to(torch.int64)
                 tensors[OFFSETS + key] = torch.cat(
                     [torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
         index = len(self.part["shards"])

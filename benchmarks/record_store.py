@@ -1,0 +1,320 @@
+"""tl.record to a store at dataset scale: throughput, memory, torchrun scale-out and reading.
+
+Every figure is measured in one invocation (``hatch run bench:record``) and written to
+``results/record_store.json`` and ``.md``. Parts:
+
+- throughput: GPT-2 (12 layers) over prompts of 32 tokens (``--prompts``, 32 a batch), four
+  residual-stream labels, to disk in bf16, against the plain no-grad forward loop over the same
+  batches and against a hand-written forward-hook + ``torch.save`` loop;
+- memory: peak RSS of the same recording over 1,000 and 10,000 inputs, each in a fresh process
+  (a small GPT-2, so that 10,000 forwards take minutes, not an hour);
+- scale-out: 2 ranks x 1 thread under torchrun against 1 rank x 1 thread, inputs/s;
+- reading: open a store of 1,048,576 rows, then stream it with ``rec.batches`` from the page
+  cache, in order and shuffled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def gpt2(n_layer: int = 12, n_embd: int = 768, seed: int = 0):
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=max(1, n_embd // 64),
+                        use_cache=False)
+    return GPT2Model(config).eval()
+
+
+def prompts(n: int, batch: int = 32, tokens: int = 32, vocab: int = 50257) -> list[dict]:
+    """Tokenized prompts, ``batch`` a forward, as a tokenizer would hand them over."""
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for start in range(0, n, batch):
+        b = min(batch, n - start)
+        out.append({"input_ids": torch.randint(0, vocab, (b, tokens), generator=gen),
+                    "attention_mask": torch.ones(b, tokens, dtype=torch.long)})
+    return out
+
+
+def labels_for(model) -> list[str]:
+    n = len(model.h)
+    picks = sorted({round(n * k / 4) - 1 for k in (1, 2, 3, 4)} - {-1})
+    return [f"h.{i}" for i in picks]
+
+
+def plain_loop(model, batches) -> float:
+    start = time.perf_counter()
+    with torch.no_grad():
+        for batch in batches:
+            model(**batch)
+    return time.perf_counter() - start
+
+
+def hook_loop(model, batches, labels, folder: Path) -> float:
+    """What a user writes by hand: forward hooks copying real tokens, one torch.save a batch."""
+    folder.mkdir(parents=True, exist_ok=True)
+    kept: dict[str, torch.Tensor] = {}
+    mask_box: list[torch.Tensor] = []
+    handles = []
+    for label in labels:
+        def hook(mod, args, out, label=label):
+            value = out[0] if isinstance(out, tuple) else out
+            kept[label] = value[mask_box[0].bool()].to(torch.bfloat16).cpu()
+        handles.append(model.get_submodule(label).register_forward_hook(hook))
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            for k, batch in enumerate(batches):
+                mask_box[:] = [batch["attention_mask"]]
+                model(**batch)
+                torch.save(dict(kept), folder / f"batch-{k:06d}.pt")
+    finally:
+        for h in handles:
+            h.remove()
+    return time.perf_counter() - start
+
+
+def tl_record(model, batches, labels, folder: Path) -> float:
+    import torchlens as tl
+
+    start = time.perf_counter()
+    tl.record(model, batches, save=labels, to=folder, dtype=torch.bfloat16, progress=False,
+              overwrite=True)
+    return time.perf_counter() - start
+
+
+def throughput(args) -> dict:
+    model = gpt2()
+    batches = prompts(args.prompts)
+    labels = labels_for(model)
+    work = Path(tempfile.mkdtemp(prefix="tl-bench-"))
+    with torch.no_grad():
+        model(**batches[0])  # warm-up
+    rows = {"plain": [], "hooks": [], "record": []}
+    for _ in range(args.rounds):  # interleaved, so drift hits every method alike
+        rows["plain"].append(plain_loop(model, batches))
+        rows["hooks"].append(hook_loop(model, batches, labels, work / "hooks"))
+        rows["record"].append(tl_record(model, batches, labels, work / "store"))
+    size = sum(p.stat().st_size for p in (work / "store").rglob("*") if p.is_file())
+    shutil.rmtree(work)
+    best = {k: min(v) for k, v in rows.items()}
+    return {"prompts": args.prompts, "labels": labels, "seconds": rows, "store_bytes": size,
+            "inputs_per_s": {k: args.prompts / v for k, v in best.items()},
+            "record_vs_plain": best["plain"] / best["record"],
+            "record_vs_hooks": best["hooks"] / best["record"]}
+
+
+def _child(argv: list[str], threads: int | None = None) -> dict:
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env,
+                          cwd=HERE.parent, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def memory_child(n: int, folder: str) -> None:
+    """One recording of ``n`` inputs in this fresh process; prints its peak RSS."""
+    import torchlens as tl
+
+    model = gpt2(n_layer=2, n_embd=128)
+    tl.record(model, prompts(n, batch=8, vocab=model.config.vocab_size),
+              save=labels_for(model), to=folder, dtype=torch.bfloat16, progress=False)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"inputs": n, "peak_rss": peak}))
+
+
+def memory(args) -> dict:
+    out = []
+    for n in args.memory_inputs:
+        folder = tempfile.mkdtemp(prefix="tl-bench-mem-")
+        out.append(_child([__file__, "--memory-child", str(n), folder]))
+        shutil.rmtree(folder)
+    small, big = out[0]["peak_rss"], out[-1]["peak_rss"]
+    return {"runs": out, "growth": big / small - 1}
+
+
+def rank_child(folder: str, n: int) -> None:
+    """One rank's recording (or the single rank's); prints inputs/s of its own tl.record."""
+    import torch.distributed as dist
+
+    import torchlens as tl
+
+    model = gpt2(n_layer=12)
+    batches = prompts(n, batch=1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+        dist.barrier()
+    start = time.perf_counter()
+    tl.record(model, batches, save=labels_for(model), to=folder, dtype=torch.bfloat16,
+              progress=False)
+    seconds = time.perf_counter() - start
+    if world > 1:
+        box = [None] * world
+        dist.all_gather_object(box, seconds)
+        seconds = max(box)
+        rank = dist.get_rank()
+        dist.destroy_process_group()
+        if rank:
+            return
+    print(json.dumps({"world": world, "seconds": seconds, "inputs_per_s": n / seconds}))
+
+
+def scale_out(args) -> dict:
+    n = args.scale_inputs
+    one_dir, two_dir = tempfile.mkdtemp(), tempfile.mkdtemp()
+    start = time.perf_counter()
+    one = _child([__file__, "--rank-child", one_dir, str(n)], threads=1)
+    one["wall"] = time.perf_counter() - start
+    start = time.perf_counter()
+    two = _child(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                  __file__, "--rank-child", two_dir, str(n)], threads=1)
+    two["wall"] = time.perf_counter() - start
+    shutil.rmtree(one_dir)
+    shutil.rmtree(two_dir)
+    return {"inputs": n, "one_rank": one, "two_ranks": two,
+            "speedup": two["inputs_per_s"] / one["inputs_per_s"],
+            "speedup_wall": one["wall"] / two["wall"]}
+
+
+def _rss() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reading(args) -> dict:
+    import torchlens as tl
+
+    rows, width, per_input = 1 << 20, 128, 1 << 14
+    folder = Path(tempfile.mkdtemp(prefix="tl-bench-read-"))
+    gen = torch.Generator().manual_seed(2)
+    inputs = (torch.rand(per_input, width, generator=gen) for _ in range(rows // per_input))
+    start = time.perf_counter()
+    tl.record(_Relu(), inputs, save=["relu_1"], to=folder, progress=False)
+    write_s = time.perf_counter() - start
+    before = _rss()
+    start = time.perf_counter()
+    rec = tl.recording.open(folder)
+    open_s = time.perf_counter() - start
+    first = rec["relu_1"][0:1]  # first access builds the row table
+    ready_s = time.perf_counter() - start
+    held = _rss() - before
+    nbytes = rows * width * 4
+    out = {"rows": rows, "width": width, "bytes": nbytes, "write_s": write_s, "open_s": open_s,
+           "open_and_first_row_s": ready_s, "rss_after_open_bytes": held, "first": first.shape[0]}
+    for shuffle in (False, True):
+        for _ in range(2):  # the first pass warms the page cache; the second is measured
+            start = time.perf_counter()
+            for _batch in rec.batches("relu_1", batch_size=args.read_batch, shuffle=shuffle):
+                pass
+            seconds = time.perf_counter() - start
+        out[f"gb_per_s_{'shuffled' if shuffle else 'in_order'}"] = nbytes / seconds / 1e9
+    shutil.rmtree(folder)
+    return out
+
+
+class _Relu(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def machine() -> str:
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"torch {torch.__version__}, {torch.get_num_threads()} torch threads, Python "
+            f"{platform.python_version()}")
+
+
+def markdown(res: dict) -> str:
+    lines = ["# tl.record to a store", "", f"Machine: {res['machine']}", ""]
+    if "throughput" in res:
+        t = res["throughput"]
+        ips = t["inputs_per_s"]
+        lines += [f"Throughput: GPT-2 (12 layers, 768 wide), {t['prompts']} prompts of 32 "
+                  f"tokens, 32 a forward; labels {', '.join(t['labels'])}; bf16 to disk "
+                  f"({t['store_bytes'] / 1e6:.0f} MB); best of {len(t['seconds']['plain'])}.",
+                  "", "| method | inputs/s |", "|---|---:|",
+                  f"| plain no-grad forward loop | {ips['plain']:.1f} |",
+                  f"| forward hooks + torch.save loop | {ips['hooks']:.1f} |",
+                  f"| tl.record(to=, dtype=bfloat16) | {ips['record']:.1f} |", ""]
+    lines += ["| target | measured | verdict |", "|---|---:|---:|"]
+    if "throughput" in res:
+        t = res["throughput"]
+        lines.append(f"| record ≥ 0.85x the plain forward loop | {t['record_vs_plain']:.2f}x | "
+                     f"{_v(t['record_vs_plain'] >= 0.85)} |")
+        lines.append(f"| record ≥ the hook + torch.save loop | {t['record_vs_hooks']:.2f}x | "
+                     f"{_v(t['record_vs_hooks'] >= 1.0)} |")
+    if "memory" in res:
+        m = res["memory"]
+        a, b = m["runs"][0], m["runs"][-1]
+        lines.append(f"| peak RSS, {a['inputs']:,} vs {b['inputs']:,} inputs within 10% "
+                     f"(small GPT-2) | {a['peak_rss'] / 1e6:.0f} MB vs {b['peak_rss'] / 1e6:.0f}"
+                     f" MB ({m['growth']:+.1%}) | {_v(abs(m['growth']) <= 0.10)} |")
+    if "scale_out" in res:
+        s = res["scale_out"]
+        lines.append(f"| 2 ranks x 1 thread ≥ 1.7x 1 rank x 1 thread (GPT-2, {s['inputs']} "
+                     f"prompts) | {s['speedup']:.2f}x (wall incl. start-up "
+                     f"{s['speedup_wall']:.2f}x) | {_v(s['speedup'] >= 1.7)} |")
+    if "reading" in res:
+        r = res["reading"]
+        lines.append(f"| open a {r['rows']:,}-row store well under 1 s | {r['open_s'] * 1e3:.1f}"
+                     f" ms (first row {r['open_and_first_row_s'] * 1e3:.0f} ms, "
+                     f"{r['rss_after_open_bytes'] / 1e6:.0f} MB held) | "
+                     f"{_v(r['open_and_first_row_s'] < 0.5)} |")
+        lines.append(f"| rec.batches ≥ 1 GB/s from the page cache | in order "
+                     f"{r['gb_per_s_in_order']:.2f} GB/s, shuffled "
+                     f"{r['gb_per_s_shuffled']:.2f} GB/s | "
+                     f"{_v(r['gb_per_s_in_order'] >= 1.0)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _v(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--memory-inputs", type=int, nargs=2, default=[1000, 10000])
+    parser.add_argument("--scale-inputs", type=int, default=64)
+    parser.add_argument("--read-batch", type=int, default=4096)
+    parser.add_argument("--only", default="throughput,memory,scale_out,reading")
+    parser.add_argument("--json", default=str(HERE / "results" / "record_store.json"))
+    parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--rank-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        return memory_child(int(args.memory_child[0]), args.memory_child[1])
+    if args.rank_child:
+        return rank_child(args.rank_child[0], int(args.rank_child[1]))
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    res: dict = {"machine": machine()}
+    for part in args.only.split(","):
+        print(f"... {part}", file=sys.stderr, flush=True)
+        res[part] = globals()[part](args)
+    Path(args.json).write_text(json.dumps(res, indent=1))
+    text = markdown(res)
+    Path(args.json).with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
