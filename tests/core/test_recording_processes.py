@@ -30,6 +30,11 @@ def _rows(rec) -> dict[str, torch.Tensor]:
     return {label: rec[label][0:len(rec)] for label in rec.labels}
 
 
+def _torchrun(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=240)
+
+
 def test_a_store_killed_at_any_moment_opens_and_resumes(tmp_path):
     n = 16
     model, inputs = build(n)
@@ -70,8 +75,12 @@ def test_torchrun_with_two_ranks_writes_the_single_process_store_bit_for_bit(tmp
                        shard_bytes=1, progress=False)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", "2", *WORKER, "--to", str(tmp_path / "two"), "-n", str(n)]
-    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=240)
+    # rank 1 dies on its fourth forward: the label check, then inputs 1 and 3 recorded
+    failed = _torchrun([*cmd, "--fail-rank", "1", "--fail-after", "3"])
+    assert failed.returncode != 0
+    partial = tl.recording.open(tmp_path / "two")
+    assert [r["items"] for r in partial.manifest["ranks"]] == [6, 2] and not partial.complete
+    done = _torchrun(cmd)  # the same command again: each rank resumes its own share
     assert done.returncode == 0, done.stderr[-3000:]
     two = tl.recording.open(tmp_path / "two")
     assert two.manifest["world_size"] == 2 and two.complete
@@ -84,3 +93,18 @@ def test_torchrun_with_two_ranks_writes_the_single_process_store_bit_for_bit(tmp
     shuffled = [torch.cat(list(r.batches("a", batch_size=7, shuffle=True, seed=1)))
                 for r in (single, two)]
     assert torch.equal(*shuffled)
+
+
+def test_torchrun_with_a_distributed_sampler_keeps_the_dataset_order(tmp_path):
+    from tests.core.scripts.record_worker import loader
+
+    model, _ = build(1)
+    single = tl.record(model, loader(12, distributed=False), save=["a"], to=tmp_path / "one",
+                       progress=False)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", *WORKER, "--to", str(tmp_path / "two"), "-n", "12", "--loader"]
+    done = _torchrun(cmd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = tl.recording.open(tmp_path / "two")
+    assert two.manifest["interleave"] == "rows" and len(two) == len(single) == 12
+    assert torch.equal(two["a"][0:12], single["a"][0:12])

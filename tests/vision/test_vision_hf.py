@@ -110,3 +110,26 @@ def test_an_image_alone_refuses_for_a_two_tower_model():
         tl.trace(CLIPModel(config).eval(), make_image(14))
     assert info.value.code == "input_modality_missing"
     assert '"image": image' in info.value.teach[0]
+
+
+def test_the_command_line_records_a_folder_of_images(vit, tmp_path):
+    """``torchlens record FOLDER --inputs images/``: each image through the saved processor."""
+    from torchlens.cli import main
+
+    model, processor, folder = vit
+    images = tmp_path / "images"
+    images.mkdir()
+    for k in range(3):
+        make_image(k, size=(40 + k, 36)).save(images / f"img{k}.png")
+    (images / "notes.txt").write_text("not an image")
+    args = ["record", folder, "--inputs", str(images), "--save", "vit.layers.0",
+            "--reduce", "mean", "--to", str(tmp_path / "acts"), "--no-progress"]
+    assert main(args) == 0
+    rec = tl.recording.open(tmp_path / "acts")
+    assert len(rec) == 3 and rec.provenance["origins"] == {"gold": 3}
+    from PIL import Image
+
+    for k in range(3):
+        with Image.open(images / f"img{k}.png") as image:
+            alone = tl.trace(model, image.convert("RGB"))["vit.layers.0"].out[0]
+        assert torch.allclose(rec["vit.layers.0"][k], alone.mean(0), atol=1e-5)

@@ -6,6 +6,7 @@ Builds the same seeded model and inputs in every process, then records them to `
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -17,21 +18,25 @@ import torchlens as tl
 class Slow(nn.Module):
     """Two layers; ``delay`` seconds per forward give a kill something to interrupt."""
 
-    def __init__(self, delay: float):
+    def __init__(self, delay: float, fail_after: int | None = None):
         super().__init__()
-        self.delay = delay
+        self.delay, self.fail_after, self.calls = delay, fail_after, 0
         self.a = nn.Linear(16, 32)
         self.b = nn.Linear(32, 8)
 
     def forward(self, x):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise RuntimeError("this rank fails on purpose")
         if self.delay:
             time.sleep(self.delay)
         return self.b(torch.relu(self.a(x)))
 
 
-def build(n: int, delay: float = 0.0) -> tuple[nn.Module, list[torch.Tensor]]:
+def build(n: int, delay: float = 0.0, fail_after: int | None = None
+          ) -> tuple[nn.Module, list[torch.Tensor]]:
     gen = torch.Generator().manual_seed(0)
-    model = Slow(delay)
+    model = Slow(delay, fail_after)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.rand(p.shape, generator=gen) - 0.5)
@@ -40,14 +45,34 @@ def build(n: int, delay: float = 0.0) -> tuple[nn.Module, list[torch.Tensor]]:
     return model.eval(), inputs
 
 
+def loader(n: int, distributed: bool):
+    """``n`` examples in batches of 2; under torchrun through a DistributedSampler."""
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = TensorDataset(torch.rand(n, 16, generator=torch.Generator().manual_seed(5)))
+    sampler = DistributedSampler(data, shuffle=False) if distributed else None
+    return DataLoader(data, batch_size=2, sampler=sampler)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--to", required=True)
     parser.add_argument("-n", type=int, default=12)
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--shard-bytes", type=int, default=1)
+    parser.add_argument("--fail-rank", type=int, help="this rank raises after --fail-after "
+                        "forwards")
+    parser.add_argument("--fail-after", type=int, default=2)
+    parser.add_argument("--loader", action="store_true", help="a DataLoader (a "
+                        "DistributedSampler under torchrun) instead of a list")
     args = parser.parse_args()
-    model, inputs = build(args.n, args.delay)
+    rank = int(os.environ.get("RANK", "0"))
+    fail = args.fail_after if args.fail_rank == rank else None
+    model, inputs = build(args.n, args.delay, fail)
+    if args.loader:
+        torch.distributed.init_process_group("gloo")  # the user's own group, as it is
+        inputs = loader(args.n, distributed=True)
     tl.record(model, inputs, save=["a", "relu_1"], to=args.to, shard_bytes=args.shard_bytes,
               progress=False)
 

@@ -82,11 +82,12 @@ def uses_distributed_sampler(inputs: Any) -> bool:
         getattr(batch_sampler, "sampler", None), DistributedSampler)
 
 
-def share(inputs: Iterable, ranks: Ranks) -> tuple[Iterable, str]:
-    """This rank's inputs, and how the store interleaves ranks ("items" or "rows")."""
+def share(inputs: Iterable, ranks: Ranks, presplit: bool) -> tuple[Iterable, str]:
+    """This rank's inputs, and how the store interleaves ranks ("items" or "rows").
+    ``presplit``: the inputs came from a DataLoader with a DistributedSampler."""
     if ranks.world == 1:
         return inputs, "items"
-    if uses_distributed_sampler(inputs):
+    if presplit:
         return inputs, "rows"
     if isinstance(inputs, (list, tuple)):
         return inputs[ranks.rank::ranks.world], "items"

@@ -123,6 +123,7 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     _check_options(save, reduce, dtype, to, batch_size)
     save = list(save)
     parse_save(save, model)  # module addresses are checked now
+    presplit = distributed.uses_distributed_sampler(inputs)
     items, total, prompts = _inputs(inputs)
     options = {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess}
     if progress is None:
@@ -133,7 +134,7 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     items, first = _peek(items)
     _check_labels(model, first, save, options, prompts)
     return _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size,
-                            progress, options, Path(to), overwrite, shard_bytes)
+                            progress, options, Path(to), overwrite, shard_bytes, presplit)
 
 
 def _peek(items: Iterable) -> tuple[Iterable, Any]:
@@ -210,11 +211,13 @@ def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_s
 
 
 def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
-                     options, folder: Path, overwrite: bool, shard_bytes: int
-                     ) -> StoredRecording:
+                     options, folder: Path, overwrite: bool, shard_bytes: int,
+                     presplit: bool) -> StoredRecording:
     ranks = distributed.join(model)
+    if presplit and total is not None:
+        total *= ranks.world
     try:
-        mine, interleave = distributed.share(items, ranks)
+        mine, interleave = distributed.share(items, ranks, presplit)
         store_options = {"dtype": None if dtype is None else str(dtype).removeprefix("torch."),
                          "reduce": describe_reduce(reduce),
                          "batch_size": batch_size if prompts else None}
