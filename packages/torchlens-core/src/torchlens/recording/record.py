@@ -222,7 +222,7 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
                          "reduce": describe_reduce(reduce),
                          "batch_size": batch_size if prompts else None}
         head = header(model, save, store_options, ranks.world)
-        resume = prepare(folder, head, ranks.rank, overwrite and ranks.rank == 0)
+        resume = prepare(folder, head, ranks.rank, overwrite)
         distributed.barrier(ranks)  # rank 0 has cleared the folder when asked to
         writer = ShardWriter(folder, head, ranks.rank, interleave=interleave,
                              shard_bytes=shard_bytes, resume=resume)
