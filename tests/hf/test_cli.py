@@ -27,7 +27,9 @@ def test_load_model_hook_loads_a_folder_offline(gpt2):
     """torchlens_load_model: the HF plugin loads a local folder with its tokenizer attached."""
     from torchlens.plugins import hook
 
-    model = hook().torchlens_load_model(path=str(gpt2.path))
+    model = hook().torchlens_load_model(path=str(gpt2.path), meta=False)
     assert type(model).__name__ == "GPT2LMHeadModel" and not model.training
     assert model.tokenizer is not None
-    assert hook().torchlens_load_model(path=str(gpt2.path.parent)) is None
+    assert hook().torchlens_load_model(path=str(gpt2.path.parent), meta=False) is None
+    empty = hook().torchlens_load_model(path=str(gpt2.path / "config.json"), meta=True)
+    assert type(empty).__name__ == "GPT2LMHeadModel" and empty.lm_head.weight.is_meta

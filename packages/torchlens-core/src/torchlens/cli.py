@@ -7,6 +7,7 @@ Exit codes: 0 success, 2 bad usage, 3 a TorchLens refusal (its code and teach ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -40,18 +41,24 @@ def parse_shapes(values: list[str] | None) -> Any:
     return shapes[0] if len(shapes) == 1 else shapes
 
 
-def load_target(target: str):
+def load_target(target: str, meta: bool = False):
     """``pkg.module:factory`` (a Module, a Module class or a callable returning one), or a
-    folder a plugin can load (e.g. a Hugging Face model folder with torchlens-hf)."""
+    folder or config file a plugin can load (e.g. a Hugging Face model folder with
+    torchlens-hf). ``meta``: build the model on the meta device, reading no weights."""
+    import torch
     from torch import nn
 
     from .plugins import hook
 
-    if os.path.isdir(target):
-        model = hook().torchlens_load_model(path=target)
+    config_file = os.path.isfile(target) and target.endswith(".json")
+    if config_file and not meta:
+        raise TargetError(f"{target} is a config file, which holds no weights: add --meta to "
+                          "build the model from it on the meta device (shapes, parameters, FLOPs)")
+    if os.path.isdir(target) or config_file:
+        model = hook().torchlens_load_model(path=target, meta=meta)
         if model is None:
-            raise TargetError(f"{target} is a folder, but no installed plugin loads it (a Hugging "
-                              "Face model folder needs: pip install torchlens-hf)")
+            raise TargetError(f"{target}: no installed plugin loads it (a Hugging Face model "
+                              "folder or config.json needs: pip install torchlens-hf)")
         return model
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
@@ -63,7 +70,11 @@ def load_target(target: str):
         raise TargetError(f"cannot import {target!r}: {exc}") from exc
     finally:
         sys.path.pop(0)
-    model = obj if isinstance(obj, nn.Module) else obj()
+    if isinstance(obj, nn.Module):
+        model = obj.to("meta") if meta else obj
+    else:
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            model = obj()
     if not isinstance(model, nn.Module):
         raise TargetError(f"{target!r} gave a {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -82,7 +93,7 @@ def _input(args) -> tuple[Any, dict]:
 def _summary(args) -> int:
     import torchlens as tl
 
-    model = load_target(args.target)
+    model = load_target(args.target, meta=args.meta)
     value, kw = _input(args)
     print(tl.summary(model, value, depth=args.depth, ops=args.ops, **kw))
     return EXIT_OK
@@ -91,7 +102,7 @@ def _summary(args) -> int:
 def _draw(args) -> int:
     import torchlens as tl
 
-    model = load_target(args.target)
+    model = load_target(args.target, meta=args.meta)
     value, kw = _input(args)
     drawing = tl.draw(model, value, path=args.output, collapse=_collapse(args.collapse),
                       theme=args.theme, **kw)
@@ -163,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--input-shape", action="append", metavar="DIMS",
                        help="1,3,224,224; repeat for several inputs; name=1,16 for keywords")
         p.add_argument("--text", help="a real prompt for a Hugging Face model (torchlens-hf)")
+        p.add_argument("--meta", action="store_true",
+                       help="build the model on the meta device: structure, shapes, parameters "
+                            "and FLOPs without reading or allocating weights")
 
     p = sub.add_parser("summary", help="print the module table of one pinned capture")
     with_input(p)

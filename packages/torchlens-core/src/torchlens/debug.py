@@ -147,7 +147,11 @@ def explain(trace: Any) -> str:
             "(nongold_raw_value_read). Structure, shapes, parameters and costs are first-class.")
     receipt = (getattr(trace, "meta", None) or {}).get("receipt")
     if receipt:
-        state = "verified bit for bit" if receipt.get("verified") else "NOT verified"
+        state = "NOT verified"
+        if receipt.get("verified"):
+            state = "verified bit for bit" if not receipt.get("no_values") else (
+                f"verified for structure ({receipt['no_values']} meta tensors hold no values "
+                "to hash)")
         lines.append(f"State: pinned {receipt.get('pinned', {}).get('mode', 'eval')} + no-grad; "
                      f"restoration {state}.")
     advisories = (getattr(trace, "annotations", None) or {}).get("capture_advisories") or []

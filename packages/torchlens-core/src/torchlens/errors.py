@@ -65,6 +65,9 @@ CODES: dict[str, str] = {
     "recording_value_unsupported": "a selected value cannot be stored as rows (not one tensor "
                                    "with the batch first)",
     "inputs_empty": "tl.record was given an empty iterable of inputs",
+    # models without values (meta device)
+    "meta_values_unavailable": "values were asked of a model on the meta device (shapes only)",
+    "meta_op_unsupported": "a data-dependent op (nonzero, a boolean mask) has no meta kernel",
     "distributed_unavailable": "torchrun variables are set but the process group cannot start",
 }
 

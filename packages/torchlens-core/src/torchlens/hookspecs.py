@@ -43,8 +43,9 @@ def torchlens_refusal_teach(model):
 
 
 @hookspec(firstresult=True)
-def torchlens_load_model(path):
-    """Load a model from a local folder for the command line (e.g. a Hugging Face model folder)."""
+def torchlens_load_model(path, meta):
+    """Load a model from a local folder or config file for the command line (e.g. a Hugging Face
+    model folder); with ``meta`` build it from its config on the meta device, reading no weights."""
 
 
 @hookspec

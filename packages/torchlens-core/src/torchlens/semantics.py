@@ -53,6 +53,12 @@ def decode(trace, k: int = 5, labels: Any = None) -> DecodedOutput:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise TorchLensError(f"k={k!r}: the table size must be a positive int",
                              code="option_invalid", teach=["trace.output_table(k=5)"])
+    if trace.meta.get("values") == "meta":
+        raise TorchLensError(
+            "decode_output/output_table need output values, and this trace's model is on the "
+            "meta device (shapes only)", code="meta_values_unavailable",
+            teach=["build the model on a real device with its weights, then "
+                   "tl.trace(model, x).decode_output()"])
     origin = trace.provenance.get("origin", "gold")
     if origin != "gold":
         raise TorchLensError(

@@ -209,9 +209,9 @@ class Summary:
         if r is None:
             return "State: not pinned (no receipt)"
         state = "restored and verified" if r.verified else "NOT verified"
-        extra = ""
+        extra = f" ({r.scope})" if r.no_values else ""
         if r.materialized:
-            extra = "; lazy parameters materialized: " + ", ".join(
+            extra += "; lazy parameters materialized: " + ", ".join(
                 f"{k} {v}" for k, v in r.materialized.items())
         return f"State: eval + no-grad, {state} (state hash {r.hash_after[:12]}){extra}"
 

@@ -98,8 +98,10 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _capture(model, x, input_shape, surface, grad, options):
+    from .capture.meta import refuse_values
     from .verbs import resolve_for
 
+    refuse_values(model, "validation", "a replay of saved values")
     res = resolve_for(model, x, input_kwargs=None, input_shape=input_shape, surface=surface,
                       options=options, probe=None)
     with pinned(model, surface, grad=grad):

@@ -13,6 +13,7 @@ from torch import nn
 
 from .capture.engine import capture, capturing, parse_save, saves_nothing
 from .capture.inventory import Inventory, inventory
+from .capture.meta import check_inputs, refuse_values
 from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash
 from .errors import CaptureError, InputError, StateError, warn
 from .ladder import ABSENT, Resolution, forward_errors, resolve
@@ -74,6 +75,7 @@ def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, inpu
     inv = _check_entry(model, surface, rung3)
     res = resolve(model, value, input_kwargs=input_kwargs, input_shape=input_shape,
                   surface=surface, options=options, probe=probe, hints=hints)
+    check_inputs(model, res.args, res.kwargs, surface)
     if res.verified is None:  # no probe ran a forward since the check
         res.inventory = inv
     return res
@@ -95,6 +97,9 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     labels / module addresses. Keeps the caller's train/eval and grad modes.
     """
     parse_save(save, model)
+    if not saves_nothing(save) or intervention_ready:
+        refuse_values(model, "trace", f"save={save!r} (activation values)" if not
+                      saves_nothing(save) else "intervention_ready=True (a state baseline)")
     if intervention_ready and pending_lazy(model):
         raise StateError(
             "intervention_ready=True needs a state baseline, but "

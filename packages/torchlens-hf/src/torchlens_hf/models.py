@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import torch
 from torch import nn
 
 _PARAM_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -117,22 +118,42 @@ def head_kind(model: nn.Module) -> str:
     return "base" if name.endswith("Model") else "other"
 
 
-def load_folder(path: str) -> nn.Module | None:
+def load_folder(path: str, meta: bool = False) -> nn.Module | None:
     """The model class named in the folder's config (``architectures``), loaded offline, eval;
-    its tokenizer is attached when the folder has one. None when it is not an HF folder."""
+    its tokenizer is attached when the folder has one. With ``meta`` (also for a bare
+    ``config.json``) the model is built from the config on the meta device: no weights read.
+    None when it is not an HF folder or config."""
     import os
 
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    config_file = path if os.path.isfile(path) else os.path.join(path, "config.json")
+    if not os.path.isfile(config_file) or not config_file.endswith(".json"):
         return None
     import transformers
 
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    try:
+        config = transformers.AutoConfig.from_pretrained(config_file, local_files_only=True)
+    except (OSError, ValueError):
+        return None
     names = getattr(config, "architectures", None) or []
     cls = getattr(transformers, names[0], None) if names else None
     cls = cls or transformers.AutoModel
+    if meta or os.path.isfile(path):
+        return _on_meta(cls, config)
     model = cls.from_pretrained(path, local_files_only=True).eval()
     try:
         model.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, TypeError):
         pass  # no tokenizer in the folder: --text will refuse with tokenizer_unavailable
     return model
+
+
+def _on_meta(cls: Any, config: Any) -> nn.Module:
+    """The model built from its config on the meta device, in the config's dtype."""
+    dtype = getattr(config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    with torch.device("meta"):
+        model = cls._from_config(config) if hasattr(cls, "_from_config") else cls(config)
+    if isinstance(dtype, torch.dtype):
+        model = model.to(dtype)
+    return model.eval()

@@ -47,6 +47,7 @@ def torchlens_decode_output(trace, k: int) -> DecodedOutput | None:
 
 
 @hookimpl
-def torchlens_load_model(path: str) -> nn.Module | None:
-    """A local Hugging Face model folder (``config.json``) for the command line, offline."""
-    return models.load_folder(path)
+def torchlens_load_model(path: str, meta: bool) -> nn.Module | None:
+    """A local Hugging Face model folder (or its ``config.json``) for the command line, offline;
+    with ``meta`` built from the config on the meta device."""
+    return models.load_folder(path, meta=meta)

@@ -25,6 +25,7 @@ from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .cow import Held, storage_key
 from .flops import flops_of
 from .inventory import Inventory, inventory
+from .meta import is_meta, is_value_error, op_unsupported
 from .recorder import R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
 _active = threading.local()
@@ -102,6 +103,9 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
                          provenance, partial=True)
         _report_lost(partial, lost)
         _attach_failure(exc, state, partial)
+        if (state.failure is not None or is_value_error(exc)) and any(
+                t.is_meta for _, t in inv.params + inv.buffers) and is_meta(model):
+            raise op_unsupported(exc, state.failure, partial) from exc
         raise
     _active.depth -= 1
     for h in handles:
@@ -110,6 +114,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     result = _build(model, inv, state, calls, structure, time.perf_counter_ns() - t0, save,
                     provenance)
     _report_lost(result, lost)
+    if any(t.is_meta for _, t in inv.params + inv.buffers) and is_meta(model):
+        result.meta["values"] = "meta"  # shapes and costs only: no tensor holds values
     result._objects["output_values"] = state.output_objects
     _check_selection(result, save_labels)
     if replay:

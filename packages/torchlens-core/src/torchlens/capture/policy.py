@@ -34,22 +34,33 @@ class Receipt:
     restored: list[str]
     materialized: dict[str, list[int]] = field(default_factory=dict)
     algorithm: str = "sha256 over (name, shape, dtype, crc32 of bytes) of every param and buffer"
+    no_values: int = 0  # meta tensors: shape, dtype and device verified, no bytes to hash
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    @property
+    def scope(self) -> str:
+        """What the verification covered, in words."""
+        if not self.no_values:
+            return "bit for bit"
+        return (f"structure only: {self.no_values} meta tensors hold no values to hash (training "
+                "flags and every tensor's name, shape, dtype and device checked)")
+
     def __repr__(self) -> str:
         state = "verified" if self.verified else "MISMATCH"
         extra = f", materialized {sorted(self.materialized)}" if self.materialized else ""
-        return f"<Receipt {state}: state {self.hash_after[:12]}{extra}>"
+        meta = f", {self.no_values} meta tensors without values" if self.no_values else ""
+        return f"<Receipt {state}: state {self.hash_after[:12]}{extra}{meta}>"
 
 
 def state_fingerprints(model: nn.Module, skip: set[str] = frozenset()) -> dict[str, str]:
-    """Per parameter and buffer: ``shape|dtype|crc32`` of its bytes (pending lazy ones skipped)."""
+    """Per parameter and buffer: ``shape|dtype|crc32`` of its bytes (pending lazy ones skipped;
+    a meta tensor, which has no bytes, is ``shape|dtype|meta``)."""
     tensors = list(model.named_parameters(remove_duplicate=False))
     tensors += list(model.named_buffers(remove_duplicate=False))
-    return {name: f"{tuple(t.shape)}|{t.dtype}|{_crc(t):08x}" for name, t in tensors
-            if name not in skip and not is_lazy(t)}
+    return {name: f"{tuple(t.shape)}|{t.dtype}|{'meta' if t.is_meta else f'{_crc(t):08x}'}"
+            for name, t in tensors if name not in skip and not is_lazy(t)}
 
 
 def state_hash(model: nn.Module, skip: set[str] = frozenset(),
@@ -90,7 +101,8 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
     lazy_before = pending_lazy(model)
     before = state_hash(model)
     flags = [(m, m.training) for m in model.modules()]
-    buffers = [(b, b.detach().clone()) for _, b in model.named_buffers() if not is_lazy(b)]
+    buffers = [(b, b.detach().clone()) for _, b in model.named_buffers()
+               if not is_lazy(b) and not b.is_meta]
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     devices = list(range(torch.cuda.device_count())) if cuda else []
     error: BaseException | None = None
@@ -116,12 +128,14 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
             if name in lazy_before and not is_lazy(t)
         }
         after = state_hash(model, skip=set(materialized))
+        flags_back = all(module.training == flag for module, flag in flags)
         receipt = Receipt(
-            hash_before=before, hash_after=after, verified=before == after,
+            hash_before=before, hash_after=after, verified=before == after and flags_back,
             pinned={"mode": "eval", "grad": "enabled" if grad else "disabled", "surface": surface,
                     "rng": "forked (cpu" + (", cuda" if devices else "") + ")"},
             restored=["training flags", "rng state", "buffers"],
             materialized=materialized,
+            no_values=sum(t.is_meta for t in [*model.parameters(), *model.buffers()]),
         )
         box["receipt"] = receipt
         if not receipt.verified and error is None:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..capture.engine import capture_selected, parse_save
+from ..capture.meta import refuse_values
 from ..errors import InputError
 from . import distributed
 from .dry_run import SAVE_TEACH, dry_run
@@ -121,6 +122,7 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     each rank records its share. Returns the opened store. Forwards run under ``no_grad``.
     """
     _check_options(save, reduce, dtype, to, batch_size)
+    refuse_values(model, "record", "recorded activations")
     save = list(save)
     parse_save(save, model)  # module addresses are checked now
     presplit = distributed.uses_distributed_sampler(inputs)

@@ -1,0 +1,96 @@
+"""Models without values: parameters on the ``meta`` device (built under ``torch.device("meta")``,
+``accelerate.init_empty_weights()`` or ``from_config`` on meta).
+
+Shapes, dtypes, parameter counts and FLOPs need no values, so metadata captures run as usual;
+whatever needs values asks here first and refuses typed. Tensors that accelerate offloads (its
+hooks bring them in for each forward) are not meta models: they have values elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import CaptureError, InputError
+
+MATERIALIZE_TEACH = ("model = Model(config)  # build it on a real device (or "
+                     "model.to_empty(device='cpu') and load weights), then call again")
+
+
+def _offloaded(model: nn.Module) -> set[str]:
+    """Modules whose tensors accelerate's hooks manage (they hold values elsewhere)."""
+    return {name for name, mod in model.named_modules() if getattr(mod, "_hf_hook", None)}
+
+
+def meta_tensors(model: nn.Module) -> list[str]:
+    """Names of parameters and buffers on ``meta`` that no offloading hook backs with values."""
+    names = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if not names:
+        return []
+    managed = _offloaded(model)
+    if not managed:
+        return names
+    return [n for n in names if not any(n.startswith(f"{m}.") or not m for m in managed)]
+
+
+def is_meta(model: nn.Module) -> bool:
+    """True when the model has meta parameters or buffers with no values anywhere."""
+    return bool(meta_tensors(model))
+
+
+def refuse_values(model: nn.Module, surface: str, what: str) -> None:
+    """``meta_values_unavailable`` before any forward when ``what`` needs values."""
+    names = meta_tensors(model)
+    if not names:
+        return
+    raise InputError(
+        f"{type(model).__name__} is on the meta device ({len(names)} parameters/buffers hold no "
+        f"values, e.g. {names[0]!r}), so {what} cannot exist", code="meta_values_unavailable",
+        teach=[f"tl.{surface}(model, input_shape=(...), save=None)  # shapes, FLOPs and bytes "
+               "need no values" if surface == "trace" else
+               "tl.summary(model, input_shape=(...))  # shapes, FLOPs and bytes need no values",
+               MATERIALIZE_TEACH])
+
+
+def check_inputs(model: nn.Module, args: tuple, kwargs: dict, surface: str) -> None:
+    """A real (non-meta) tensor handed to a meta model: the values would be thrown away."""
+    if not is_meta(model):
+        return
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and not value.is_meta:
+            raise InputError(
+                f"{type(model).__name__} is on the meta device but got a {value.device.type} "
+                f"tensor of shape {tuple(value.shape)}: a meta model computes shapes, not values",
+                code="meta_values_unavailable",
+                teach=[f"tl.{surface}(model, input_shape={tuple(value.shape)})  # the same shape, "
+                       "made on the model's device", MATERIALIZE_TEACH])
+
+
+def op_unsupported(exc: BaseException, failure: dict[str, Any] | None, partial: Any
+                   ) -> CaptureError:
+    """An op that cannot run on meta: data-dependent (``nonzero``, a boolean mask, ``.item()``)
+    or with no meta kernel for these dtypes."""
+    where = ""
+    func = "an op"
+    if failure is not None:
+        func = repr(failure["func"])
+        where = f" in module {failure['module'] or '<model>'!r} (op #{failure['after_op'] + 1})"
+    err = CaptureError(
+        f"{func}{where} cannot run on the meta device: it needs tensor values or has no meta "
+        f"kernel for these inputs ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+        "everything before it is on "
+        f"err.partial_trace ({len(partial) if partial is not None else 0} ops)",
+        code="meta_op_unsupported",
+        teach=["build a smaller config of the same model (fewer layers or experts) on a real "
+               "device and call again", MATERIALIZE_TEACH])
+    err.partial_trace = partial  # type: ignore[attr-defined]
+    return err
+
+
+def is_value_error(exc: BaseException) -> bool:
+    """Errors torch raises when an op would need the values a meta tensor lacks."""
+    text = str(exc)
+    return isinstance(exc, (NotImplementedError, RuntimeError)) and (
+        "meta" in text.lower() or "data-dependent" in text or "data-independent" in text)
