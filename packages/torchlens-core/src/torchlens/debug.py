@@ -147,11 +147,10 @@ def explain(trace: Any) -> str:
             "(nongold_raw_value_read). Structure, shapes, parameters and costs are first-class.")
     receipt = (getattr(trace, "meta", None) or {}).get("receipt")
     if receipt:
-        state = "NOT verified"
-        if receipt.get("verified"):
-            state = "verified bit for bit" if not receipt.get("no_values") else (
-                f"verified for structure ({receipt['no_values']} meta tensors hold no values "
-                "to hash)")
+        from .capture.policy import Receipt
+
+        state = f"verified {Receipt(**receipt).scope}" if receipt.get("verified") else \
+            "NOT verified"
         lines.append(f"State: pinned {receipt.get('pinned', {}).get('mode', 'eval')} + no-grad; "
                      f"restoration {state}.")
     advisories = (getattr(trace, "annotations", None) or {}).get("capture_advisories") or []

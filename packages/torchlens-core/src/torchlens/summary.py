@@ -209,7 +209,7 @@ class Summary:
         if r is None:
             return "State: not pinned (no receipt)"
         state = "restored and verified" if r.verified else "NOT verified"
-        extra = f" ({r.scope})" if r.no_values else ""
+        extra = f" ({r.scope})" if r.no_values or r.offloaded else ""
         if r.materialized:
             extra += "; lazy parameters materialized: " + ", ".join(
                 f"{k} {v}" for k, v in r.materialized.items())

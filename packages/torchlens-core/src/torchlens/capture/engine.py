@@ -26,6 +26,7 @@ from .cow import Held, storage_key
 from .flops import flops_of
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
+from .offload import homes, hooked, quiet_hooks
 from .recorder import R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
 _active = threading.local()
@@ -87,9 +88,10 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     _add_inputs(state, args, kwargs)
     structure = None
     _active.depth = getattr(_active, "depth", 0) + 1
+    offloaded = hooked(model)
     t0 = time.perf_counter_ns()
     try:
-        with Recorder(state):
+        with quiet_hooks(model, offloaded, state), Recorder(state):
             out = model(*args, **kwargs)
         structure = _add_outputs(state, out)
         if not replay:
@@ -114,6 +116,10 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     result = _build(model, inv, state, calls, structure, time.perf_counter_ns() - t0, save,
                     provenance)
     _report_lost(result, lost)
+    if offloaded:
+        for name, home in homes(model, offloaded).items():
+            if name in result.params:
+                result.params[name]["home"] = home
     if any(t.is_meta for _, t in inv.params + inv.buffers) and is_meta(model):
         result.meta["values"] = "meta"  # shapes and costs only: no tensor holds values
     result._objects["output_values"] = state.output_objects
@@ -179,7 +185,7 @@ def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str
     handles = _install_module_hooks(inventory(model).modules, state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
-        with LightRecorder(state):
+        with quiet_hooks(model, hooked(model), state), LightRecorder(state):
             model(*args, **kwargs)
     finally:
         _active.depth -= 1

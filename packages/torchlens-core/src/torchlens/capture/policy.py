@@ -21,6 +21,7 @@ from torch.nn.parameter import is_lazy
 
 from ..errors import StateError
 from .inventory import inventory
+from .offload import homes, hooked
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Receipt:
     materialized: dict[str, list[int]] = field(default_factory=dict)
     algorithm: str = "sha256 over (name, shape, dtype, crc32 of bytes) of every param and buffer"
     no_values: int = 0  # meta tensors: shape, dtype and device verified, no bytes to hash
+    offloaded: int = 0  # tensors accelerate keeps on cpu/disk between forwards: homes verified
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -42,16 +44,22 @@ class Receipt:
     @property
     def scope(self) -> str:
         """What the verification covered, in words."""
-        if not self.no_values:
-            return "bit for bit"
-        return (f"structure only: {self.no_values} meta tensors hold no values to hash (training "
-                "flags and every tensor's name, shape, dtype and device checked)")
+        parts = []
+        if self.no_values:
+            parts.append(f"structure only: {self.no_values} meta tensors hold no values to hash "
+                         "(training flags and every tensor's name, shape, dtype and device "
+                         "checked)")
+        if self.offloaded:
+            parts.append(f"{self.offloaded} offloaded tensors back in their homes (cpu/disk, "
+                         "not hashed)")
+        return "; ".join(parts) or "bit for bit"
 
     def __repr__(self) -> str:
         state = "verified" if self.verified else "MISMATCH"
         extra = f", materialized {sorted(self.materialized)}" if self.materialized else ""
         meta = f", {self.no_values} meta tensors without values" if self.no_values else ""
-        return f"<Receipt {state}: state {self.hash_after[:12]}{extra}{meta}>"
+        away = f", {self.offloaded} offloaded tensors home" if self.offloaded else ""
+        return f"<Receipt {state}: state {self.hash_after[:12]}{extra}{meta}{away}>"
 
 
 def state_fingerprints(model: nn.Module, skip: set[str] = frozenset()) -> dict[str, str]:
@@ -100,6 +108,8 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
     box: dict[str, Any] = {}
     lazy_before = pending_lazy(model)
     before = state_hash(model)
+    offload = hooked(model)
+    homes_before = homes(model, offload) if offload else {}
     flags = [(m, m.training) for m in model.modules()]
     buffers = [(b, b.detach().clone()) for _, b in model.named_buffers()
                if not is_lazy(b) and not b.is_meta]
@@ -129,13 +139,18 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
         }
         after = state_hash(model, skip=set(materialized))
         flags_back = all(module.training == flag for module, flag in flags)
+        homes_back = (homes(model, offload) if offload else {}) == homes_before
         receipt = Receipt(
-            hash_before=before, hash_after=after, verified=before == after and flags_back,
+            hash_before=before, hash_after=after,
+            verified=before == after and flags_back and homes_back,
             pinned={"mode": "eval", "grad": "enabled" if grad else "disabled", "surface": surface,
                     "rng": "forked (cpu" + (", cuda" if devices else "") + ")"},
             restored=["training flags", "rng state", "buffers"],
             materialized=materialized,
-            no_values=sum(t.is_meta for t in [*model.parameters(), *model.buffers()]),
+            no_values=sum(t.is_meta for n, t in [*model.named_parameters(),
+                                                 *model.named_buffers()]
+                          if n not in homes_before),
+            offloaded=len(homes_before),
         )
         box["receipt"] = receipt
         if not receipt.verified and error is None:

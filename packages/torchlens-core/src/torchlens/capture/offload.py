@@ -1,0 +1,124 @@
+"""Models dispatched by accelerate (``dispatch_model``, ``cpu_offload``, ``disk_offload``,
+``from_pretrained(device_map=...)``): hooks bring a module's weights in for its forward and take
+them out after. That bookkeeping is not the model's computation, so the capture does not record
+it; tensors the hooks move to another device keep their edges. accelerate is never imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+
+def hooked(model: nn.Module) -> list[nn.Module]:
+    """Modules that carry an accelerate hook."""
+    return [m for m in model.modules() if getattr(m, "_hf_hook", None) is not None]
+
+
+def _alias(state: Any, before: Any, after: Any) -> None:
+    """A tensor a hook moved stands for the one it was moved from (same producer)."""
+    if isinstance(after, Tensor):
+        if isinstance(before, Tensor) and after is not before:
+            entry = state.tensors.get(id(before))
+            if entry is not None and entry[1]() is before:
+                state.register(after, entry[0], entry[3])
+    elif isinstance(after, (tuple, list)) and isinstance(before, (tuple, list)):
+        for a, b in zip(before, after):
+            _alias(state, a, b)
+    elif isinstance(after, Mapping) and isinstance(before, Mapping):
+        for key, value in after.items():
+            if key in before:
+                _alias(state, before[key], value)
+
+
+def _slots(model: nn.Module, state: Any) -> dict[tuple[int, str], tuple[dict, str]]:
+    """(module, attribute) -> (the id table, the canonical name) of every parameter and buffer:
+    a weight a hook brings in is a new tensor in the same slot, known by the slot's name."""
+    slots = {}
+    for module in model.modules():
+        for table, tensors in ((state.param_ids, module._parameters),
+                               (state.buffer_ids, module._buffers)):
+            for local, t in tensors.items():
+                if t is not None and id(t) in table:
+                    slots[(id(module), local)] = (table, table[id(t)])
+    return slots
+
+
+class _Quiet:
+    """Stands in for a module's accelerate hook during a capture: the recorder is suspended
+    while the hook moves weights and tensors, and the weights it brings in keep their names."""
+
+    def __init__(self, hook: Any, state: Any, slots: dict):
+        self._hook, self._state, self._slots = hook, state, slots
+        self._added: list[list[tuple[dict, int]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._hook, name)
+
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple:
+        self._state.suspended += 1
+        try:
+            new_args, new_kwargs = self._hook.pre_forward(module, *args, **kwargs)
+        finally:
+            self._state.suspended -= 1
+        added = []
+        for sub in module.modules():
+            for tensors in (sub._parameters, sub._buffers):
+                for local, t in tensors.items():
+                    slot = self._slots.get((id(sub), local))
+                    if t is not None and slot is not None and id(t) not in slot[0]:
+                        slot[0][id(t)] = slot[1]
+                        added.append((slot[0], id(t)))
+        self._added.append(added)
+        _alias(self._state, (args, kwargs), (new_args, new_kwargs))
+        return new_args, new_kwargs
+
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
+        self._state.suspended += 1
+        try:
+            new = self._hook.post_forward(module, output)
+        finally:
+            self._state.suspended -= 1
+        for table, key in self._added.pop() if self._added else ():
+            table.pop(key, None)  # the weight went home: its id may be reused
+        _alias(self._state, output, new)
+        return new
+
+
+@contextlib.contextmanager
+def quiet_hooks(model: nn.Module, modules: list[nn.Module], state: Any) -> Iterator[None]:
+    """Swap each hook for a quiet stand-in for the capture; the originals come back after."""
+    swapped = [(m, m._hf_hook) for m in modules]
+    slots = _slots(model, state) if swapped else {}
+    for module, hook in swapped:
+        module._hf_hook = _Quiet(hook, state, slots)
+    try:
+        yield
+    finally:
+        for module, hook in swapped:
+            module._hf_hook = hook
+
+
+def homes(model: nn.Module, modules: list[nn.Module]) -> dict[str, str]:
+    """Where each offloaded parameter or buffer lives between forwards: "offloaded: disk" or
+    "offloaded: cpu" (its module's hook holds it); others are absent (their device says)."""
+    out: dict[str, str] = {}
+    owners = {id(m): name for name, m in model.named_modules()}
+    for module in modules:
+        hook = module._hf_hook
+        weights = getattr(hook, "weights_map", None)
+        if not getattr(hook, "offload", False) or weights is None:
+            continue
+        prefix = getattr(weights, "prefix", "")
+        store = getattr(weights, "dataset", weights)
+        on_disk = getattr(store, "index", {}) or {}
+        base = owners.get(id(module), "")
+        for local, _ in [*module.named_parameters(recurse=False),
+                         *module.named_buffers(recurse=False)]:
+            key = f"{prefix}{local}"
+            out[f"{base}.{local}" if base else local] = \
+                "offloaded: disk" if key in on_disk else "offloaded: cpu"
+    return out
