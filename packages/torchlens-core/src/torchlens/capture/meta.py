@@ -26,6 +26,8 @@ def _offloaded(model: nn.Module) -> set[str]:
 
 def meta_tensors(model: nn.Module) -> list[str]:
     """Names of parameters and buffers on ``meta`` that no offloading hook backs with values."""
+    if not isinstance(model, nn.Module):
+        return []  # the surface's own check refuses it
     names = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if not names:
         return []
