@@ -84,6 +84,28 @@ def _options(tokenizer: Any, processor: Any, preprocess: Any, labels: Any = None
             "labels": labels}
 
 
+def rerun(previous: Trace, input: Any, /, *, input_kwargs: dict | None = None,
+          **options: Any) -> Trace:
+    """``Trace.run``: trace the same model on a new real input with the previous trace's capture
+    options; an intervention-ready trace first checks the model against its state baseline."""
+    model = previous._objects["model"]
+    baseline = previous.meta.get("state_baseline")
+    if baseline:
+        now = state_fingerprints(model)
+        changed = sorted(k for k in set(now) | set(baseline["tensors"])
+                         if now.get(k) != baseline["tensors"].get(k))
+        if changed:
+            raise StateError(
+                f"the model changed since this intervention-ready trace: {changed[:5]}"
+                + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""),
+                code="state_changed",
+                teach=["tl.trace(model, x, intervention_ready=True)  # a new baseline"])
+    saved = previous.meta.get("options", {})
+    options.setdefault("save", saved.get("save", "all"))
+    options.setdefault("intervention_ready", bool(saved.get("intervention_ready")))
+    return trace(model, input, input_kwargs=input_kwargs, **options)
+
+
 def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
           input_shape: Any = None, save: Any = "all", intervention_ready: bool = False,
           tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
@@ -118,7 +140,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
             result = capture(model, res.args, res.kwargs, save=save, inv=res.inventory)
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
-    result._objects.update({"model": model, "labels": labels, **res.objects})
+    result._objects.update({"model": model, "rerun": rerun, "labels": labels, **res.objects})
     if intervention_ready:
         prints = state_fingerprints(model)
         result.meta["state_baseline"] = {"digest": state_hash(model, fingerprints=prints),
@@ -140,7 +162,7 @@ def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, inp
         with forward_errors(res, surface):
             result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface)
     result.provenance = res.provenance
-    result._objects.update({"model": model, **res.objects})
+    result._objects.update({"model": model, "rerun": rerun, **res.objects})
     return result
 
 
