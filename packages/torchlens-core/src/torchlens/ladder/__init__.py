@@ -83,7 +83,7 @@ def resolve(model: nn.Module, value: Any = ABSENT, *, input_kwargs: dict | None 
         raise InputError(f"tl.{surface} needs an input", code="input_inference_failed")
     found = infer(model, probe, hints, surface)
     record = prov.synthesized("inferred", surface, found.slots, found.recipes, found.diary,
-                              "inference")
+                              "inference", found.budget)
     return Resolution(found.args, found.kwargs, record, verified=found.result)
 
 
