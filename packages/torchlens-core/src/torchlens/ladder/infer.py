@@ -31,7 +31,7 @@ from ..errors import InputError, InputTypeError, TorchLensError
 from ..plugins import hook
 from ..types import InputSpec
 from . import budget as budgets
-from .recipes import Recipe, _first_param_leaf, recipe_for
+from .recipes import Recipe, _first_param_leaf, is_dtype_error, recipe_for
 from .shapes import Slot, parse_input_shape
 from .signature import ForwardSignature, forward_signature
 from .synth import model_device, synthesize
@@ -150,7 +150,7 @@ def infer(model: nn.Module, probe: Callable[[tuple, dict], Any], hints: dict | N
                 continue
             if check.outcome == "failed":
                 done("failed", type(check.error).__name__, _first_line(check.error),
-                     precheck=check.facts())
+                     precheck=check.facts(), dtype_error=is_dtype_error(check.error))
                 continue
         try:
             tensors = synthesize(recipes, device)
@@ -173,7 +173,7 @@ def infer(model: nn.Module, probe: Callable[[tuple, dict], Any], hints: dict | N
                 done("skipped", "probe_over_budget", str(over)[:300], **facts)
             else:
                 done("failed", getattr(exc, "code", type(exc).__name__), _first_line(exc),
-                     **facts)
+                     dtype_error=is_dtype_error(exc.__cause__ or exc), **facts)
             continue
         done("verified", **facts)
         return Inference(candidate, slots, recipes, args, kwargs, result, diary, budget)
@@ -227,7 +227,11 @@ def _refusal(model, sig, diary, surface, budget) -> InputError:
     verb = f"tl.{surface}" if surface != "debug" else "tl.trace"
     teach = [t for group in hook().torchlens_refusal_teach(model=model) for t in (group or [])]
     ambiguous = any(r.get("error_code") == "input_recipe_ambiguous" for r in diary)
-    mapping = sig.spelled_mapping(spec=ambiguous)
+    dtype = any(r.get("outcome") == "failed" and r.get("dtype_error") for r in diary)
+    mapping = sig.spelled_mapping(spec=ambiguous or dtype)
+    if dtype:  # a synthesized dtype was wrong: the override that names it comes first
+        teach.insert(0, f"{verb}(model, input_shape={sig.spelled_mapping(spec=True)})  # say "
+                        "each input's dtype and value range")
     teach += [
         f"{verb}(model, x)  # pass the real call",
         f"{verb}(model, input_shape={mapping})  # the mapping form, your forward's names",
