@@ -30,6 +30,7 @@ CODES: dict[str, str] = {
     "model_unavailable": "trace.run on a trace that holds no model (e.g. a loaded one)",
     "no_differentiable_output": "validate_backward_pass on a model whose output needs no grad",
     "option_invalid": "a keyword option has a value TorchLens cannot use",
+    "dependency_missing": "an optional package a method needs (e.g. pandas) is not installed",
     # Trace access
     "key_not_found": "no op, pass or module matches the lookup key",
     "activation_not_saved": "op.out read on an op whose activation was not selected by save=",

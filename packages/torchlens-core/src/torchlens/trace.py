@@ -282,6 +282,23 @@ class Trace:
             f"input {origin}>"
         )
 
+    def __str__(self) -> str:
+        """The op table: label, function, module, output shape, params, FLOPs, time."""
+        from .optable import text
+
+        return text(self)
+
+    def _repr_html_(self) -> str:
+        from .optable import to_html
+
+        return to_html(self)
+
+    def to_pandas(self):
+        """One pandas row per op (needs pandas: ``pip install pandas``)."""
+        from .optable import to_pandas
+
+        return to_pandas(self)
+
     # ---- values and files ---------------------------------------------------------------------
     def _on_value_read(self) -> None:
         """Called on every raw value read; the input ladder warns here for synthesized inputs.
