@@ -7,8 +7,10 @@ no-grad and restore state, verified by a receipt.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
+import torch
 from torch import nn
 
 from .capture.engine import capture, capturing, parse_save, saves_nothing
@@ -57,14 +59,40 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
     return inv
 
 
-def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str
-                   ) -> Trace:
-    """One capture in eval + no-grad with state restored; the receipt rides on the trace."""
+def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str,
+                   warmup: bool = False) -> Trace:
+    """One capture in eval + no-grad with state restored; the receipt rides on the trace.
+    ``warmup``: one uncaptured forward first, inside the same pinning, so one-time setup is not
+    timed as a layer's cost (disclosed in ``trace.meta["timing"]``)."""
     with pinned(model, surface) as box:
+        timing = warm_up(model, args, kwargs) if warmup else None
         result = capture(model, args, kwargs, save=save)
     result.receipt = box["receipt"]
     result.meta["receipt"] = box["receipt"].as_dict()
+    if timing is not None:
+        result.meta["timing"] = timing
     return result
+
+
+def warm_up(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """One uncaptured forward under its own RNG fork (the capture then draws the same random
+    numbers it would have drawn first), skipped while lazy parameters are pending."""
+    lazy = pending_lazy(model)
+    if lazy:
+        return {"warmup_forwards": 0, "note": f"no warm-up: lazy parameters {sorted(lazy)[:3]} "
+                "materialize in the captured forward, so its times include that setup"}
+    names = {n for n, _ in model.named_parameters()}
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    t0 = time.perf_counter()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+        model(*args, **kwargs)
+    record = {"warmup_forwards": 1, "warmup_ms": round((time.perf_counter() - t0) * 1e3, 3),
+              "note": "one uncaptured warm-up forward ran first, under the same pinning, so "
+                      "one-time setup (first-call kernels, allocator growth) is not timed"}
+    created = sorted({n for n, _ in model.named_parameters()} - names)
+    if created:
+        record["created_in_warmup"] = created
+    return record
 
 
 def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, input_shape: Any,
@@ -150,17 +178,20 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
 
 
 def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, input_shape: Any,
-                 surface: str, options: dict) -> Trace:
+                 surface: str, options: dict, warmup: bool = False) -> Trace:
     """The pinned surfaces' capture: ONE metadata-only capture in eval + no-grad (on rung 3, the
-    verified probe itself), with provenance and receipt attached."""
+    verified probe itself), with provenance and receipt attached; ``warmup`` runs one uncaptured
+    forward first inside the same pinning (for timed tables)."""
     res = resolve_for(
         model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface=surface,
         options=options,
-        probe=lambda a, k: pinned_capture(model, a, k, save=None, surface=surface))
+        probe=lambda a, k: pinned_capture(model, a, k, save=None, surface=surface,
+                                          warmup=warmup))
     result = res.verified
     if result is None:
         with forward_errors(res, surface):
-            result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface)
+            result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface,
+                                    warmup=warmup)
     result.provenance = res.provenance
     result._objects.update({"model": model, "rerun": rerun, **res.objects})
     return result
@@ -170,10 +201,12 @@ def summary(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | No
             input_shape: Any = None, depth: int | None = 3, ops: bool = False,
             tokenizer: Any = None, processor: Any = None, preprocess: Any = None) -> Summary:
     """A module-tree table of ``model`` from ONE metadata-only capture pinned to eval + no-grad;
-    the model's modes, RNG and buffers are restored and verified (``summary.receipt``)."""
+    the model's modes, RNG and buffers are restored and verified (``summary.receipt``). One
+    uncaptured warm-up forward runs first under the same pinning, so the Time column does not
+    count one-time setup (disclosed under the table)."""
     result = pinned_trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
                           surface="summary",
-                          options=_options(tokenizer, processor, preprocess))
+                          options=_options(tokenizer, processor, preprocess), warmup=True)
     return Summary(result, depth=depth, ops=ops)
 
 
