@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -193,7 +194,9 @@ def precheck(model: nn.Module, shapes: list[tuple[torch.Size, torch.dtype]], pos
              names: list[str], budget: dict[str, Any]) -> Precheck:
     """Run the forward on fake inputs of ``shapes`` over fake parameters and buffers, in eval +
     no-grad with the training flags restored; nothing real is allocated or written."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    with warnings.catch_warnings():  # torch warns at this import when numpy is not installed
+        warnings.simplefilter("ignore", UserWarning)
+        from torch._subclasses.fake_tensor import FakeTensorMode
 
     device = torch.device(budget["device"])
     flags = [(m, m.training) for m in model.modules()]
