@@ -127,3 +127,26 @@ def test_the_budget_survives_save_and_load(small_budget, tmp_path):
     trace = tl.trace(PixelAttention().eval(), save=None)
     trace.save(tmp_path / "t.tl")
     assert tl.load(tmp_path / "t.tl").provenance == trace.provenance
+
+
+def test_the_fake_check_never_writes_the_models_tensors_or_modes():
+    """The check runs over fake copies of the parameters and buffers: an in-place buffer update
+    and a train-mode BatchNorm leave the real model exactly as it was."""
+
+    class Counts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn = nn.BatchNorm1d(3)
+            self.register_buffer("seen", torch.zeros(()))
+
+        def forward(self, x):
+            self.seen.add_(1)
+            return self.bn(x)
+
+    model = Counts().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    check = budgets.precheck(model, [(torch.Size([4, 3]), torch.float32)], 1, [],
+                             budgets.budget_for(torch.device("cpu")))
+    assert check.outcome == "fits" and check.peak_bytes > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert model.training and model.bn.training

@@ -144,7 +144,10 @@ class _Meter(TorchDispatchMode):
             raise OverBudget("memory", self.peak, self.memory, str(func))
         formula = flop_counter.flop_registry.get(func._overloadpacket)
         if formula is not None and not self.guard:
-            self.flops += formula(*args, **kwargs, out_val=out)
+            try:
+                self.flops += formula(*args, **kwargs, out_val=out)
+            except Exception:  # a formula that cannot read these args counts nothing
+                return out
             if self.max_flops is not None and self.flops > self.max_flops:
                 raise OverBudget("flops", self.flops, self.max_flops, str(func))
         return out
@@ -165,9 +168,8 @@ class _Meter(TorchDispatchMode):
 
 
 # Errors that say fake tensors cannot follow this forward, not that the candidate is wrong.
-_FAKE_LIMITS = ("not supported for tensor subclasses", "data-dependent", "data dependent",
-                "FakeTensor", "fake tensor", "meta tensor", "doesn't have storage",
-                "Cannot access data pointer", "_local_scalar_dense", "nonzero")
+_FAKE_LIMITS = ("fake", "meta", "tensor subclass", "data-dependent", "data dependent",
+                "storage", "data pointer", "_local_scalar_dense", "nonzero", "symbolic", "guard")
 
 
 def _fake_limit(exc: BaseException) -> bool:
@@ -176,7 +178,8 @@ def _fake_limit(exc: BaseException) -> bool:
     kinds = (ft.DataDependentOutputException, ft.DynamicOutputShapeException,
              ft.UnsupportedFakeTensorException, ft.UnsupportedOperatorException,
              NotImplementedError)
-    return isinstance(exc, kinds) or any(s in str(exc) for s in _FAKE_LIMITS)
+    text = str(exc).lower()
+    return isinstance(exc, kinds) or any(s in text for s in _FAKE_LIMITS)
 
 
 @contextlib.contextmanager
