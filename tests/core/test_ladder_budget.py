@@ -150,3 +150,10 @@ def test_the_fake_check_never_writes_the_models_tensors_or_modes():
     assert check.outcome == "fits" and check.peak_bytes > 0
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert model.training and model.bn.training
+
+
+def test_explain_states_the_budget(small_budget):
+    text = tl.debug.explain(tl.trace(PixelAttention().eval(), save=None))
+    assert "each checked on fake tensors" in text
+    assert "budget: 0.01 GB of memory (25% of test: 40 MB)" in text
+    assert "probe_over_budget" in text
