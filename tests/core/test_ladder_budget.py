@@ -157,3 +157,13 @@ def test_explain_states_the_budget(small_budget):
     assert "each checked on fake tensors" in text
     assert "budget: 0.01 GB of memory (25% of test: 40 MB)" in text
     assert "probe_over_budget" in text
+
+
+def test_no_probe_starts_once_inference_spent_its_time(monkeypatch):
+    """The time bound: after ``MAX_SECONDS`` of inference no new probe starts (here: none)."""
+    monkeypatch.setattr(budgets, "MAX_SECONDS", -1.0)
+    model = PixelAttention().eval()
+    with pytest.raises(TorchLensError) as err:
+        tl.trace(model, save=None)
+    assert [r["error_code"] for r in err.value.diary] == ["probe_over_budget"]
+    assert "-1 s budget" in err.value.diary[0]["error"] and model.real_sizes == []
