@@ -205,6 +205,7 @@ def precheck(model: nn.Module, shapes: list[tuple[torch.Size, torch.dtype]], pos
     flags = [(m, m.training) for m in model.modules()]
     meter = _Meter(budget["memory_bytes"], budget["max_flops"])
     meter.live = sum(shape.numel() * dtype.itemsize for shape, dtype in shapes)
+    started = False  # an error before the forward starts is the check's, not the candidate's
     try:
         with _quiet_fake_logs(), torch.random.fork_rng(devices=[]), torch.no_grad(), \
                 FakeTensorMode(allow_non_fake_inputs=True) as fake:
@@ -214,12 +215,13 @@ def precheck(model: nn.Module, shapes: list[tuple[torch.Size, torch.dtype]], pos
             inputs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
             model.eval()
             with meter:
+                started = True
                 torch.func.functional_call(model, state, tuple(inputs[:positional]),
                                            dict(zip(names, inputs[positional:])))
     except OverBudget as exc:
         return Precheck("over_budget", meter.peak, meter.flops, exc)
     except Exception as exc:
-        kind = "inconclusive" if _fake_limit(exc) else "failed"
+        kind = "inconclusive" if not started or _fake_limit(exc) else "failed"
         return Precheck(kind, meter.peak, meter.flops, exc)
     finally:
         for module, flag in flags:
