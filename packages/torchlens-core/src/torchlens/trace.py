@@ -348,7 +348,8 @@ class Trace:
         return decode(self, k, labels)
 
     def output_table(self, k: int = 5, labels: Any = None) -> list[dict[str, Any]]:
-        """The top-k of the output with probabilities (and labels when known); gold traces only."""
+        """The top-k of the output with probabilities: labels when a plugin or ``labels=`` gives
+        them, class indices for a plain classifier's (batch, classes) scores; gold traces only."""
         return self.decode_output(k, labels).rows
 
     def draw(self, **options: Any):
