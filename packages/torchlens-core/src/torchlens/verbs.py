@@ -7,15 +7,13 @@ no-grad and restore state, verified by a receipt.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
-import torch
 from torch import nn
 
 from .capture.engine import capture, capturing, parse_save, saves_nothing
 from .capture.inventory import Inventory, inventory
-from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash
+from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash, warm_up
 from .errors import CaptureError, InputError, StateError, warn
 from .ladder import ABSENT, Resolution, forward_errors, resolve
 from .storage import load_trace
@@ -72,27 +70,6 @@ def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, su
     if timing is not None:
         result.meta["timing"] = timing
     return result
-
-
-def warm_up(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """One uncaptured forward under its own RNG fork (the capture then draws the same random
-    numbers it would have drawn first), skipped while lazy parameters are pending."""
-    lazy = pending_lazy(model)
-    if lazy:
-        return {"warmup_forwards": 0, "note": f"no warm-up: lazy parameters {sorted(lazy)[:3]} "
-                "materialize in the captured forward, so its times include that setup"}
-    names = {n for n, _ in model.named_parameters()}
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    t0 = time.perf_counter()
-    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
-        model(*args, **kwargs)
-    record = {"warmup_forwards": 1, "warmup_ms": round((time.perf_counter() - t0) * 1e3, 3),
-              "note": "one uncaptured warm-up forward ran first, under the same pinning, so "
-                      "one-time setup (first-call kernels, allocator growth) is not timed"}
-    created = sorted({n for n, _ in model.named_parameters()} - names)
-    if created:
-        record["created_in_warmup"] = created
-    return record
 
 
 def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, input_shape: Any,
