@@ -68,4 +68,3 @@ def test_no_warm_up_while_lazy_parameters_are_pending_and_it_says_so():
     assert s.trace.meta["timing"]["warmup_forwards"] == 0
     assert s.receipt.materialized  # they materialized in the one captured forward
     assert "no warm-up: lazy parameters" in str(s)
-
