@@ -167,3 +167,33 @@ def test_no_probe_starts_once_inference_spent_its_time(monkeypatch):
         tl.trace(model, save=None)
     assert [r["error_code"] for r in err.value.diary] == ["probe_over_budget"]
     assert "-1 s budget" in err.value.diary[0]["error"] and model.real_sizes == []
+
+
+class Deep(nn.Module):
+    """Twenty 64-channel convs: a small peak (each output is freed by the next) but a large sum,
+    which is what save="all" keeps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 64, 3, padding=1)
+        self.body = nn.Sequential(*[nn.Conv2d(64, 64, 3, padding=1) for _ in range(20)])
+
+    def forward(self, x):
+        return self.body(self.stem(x))
+
+
+def test_rung_3_save_all_over_the_budget_refuses_before_recapturing(monkeypatch, count_forwards):
+    """tl.trace(model) recaptures the verified input with save="all": when keeping every
+    activation would pass the budget, it refuses typed instead (the probe itself fit)."""
+    monkeypatch.setattr(budgets, "available_memory", lambda device: (8 * MB, "test: 8 MB"))
+    model = Deep().eval()
+    calls = count_forwards(model)
+    with pytest.raises(TorchLensError) as err:
+        tl.trace(model)
+    assert err.value.code == "save_over_budget" and "save=None" in err.value.teach[0]
+    assert calls.real == 1  # the verified probe, no recapture
+    trace = tl.trace(model, save=None)  # the same inference, metadata only
+    verified = trace.provenance["probe_diary"][-1]
+    assert verified["candidate"] == [1, 3, 32, 32]
+    budget = trace.provenance["probe_budget"]["memory_bytes"]  # a quarter of 8 MB
+    assert verified["precheck"]["peak_bytes"] <= budget < verified["precheck"]["total_bytes"]

@@ -16,6 +16,7 @@ CODES: dict[str, str] = {
     "input_recipe_ambiguous": "no static fact fixes the dtype/values of a synthesized input slot",
     "input_inference_failed": "no bounded shape probe produced a verified capture",
     "probe_over_budget": "diary: a rung-3 candidate would pass the probe memory/FLOP/time budget",
+    "save_over_budget": "rung 3's save='all' recapture would keep more than the memory budget",
     "input_unresolved": "a real input of a kind no installed plugin resolves (e.g. a string)",
     "preprocess_unavailable": "an image was given but no preprocessing for the model is known",
     "preprocess_failed": "the image preprocessing raised or returned no usable tensor",

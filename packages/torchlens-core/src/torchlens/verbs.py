@@ -16,6 +16,7 @@ from .capture.inventory import Inventory, inventory
 from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash, warm_up
 from .errors import CaptureError, InputError, StateError, warn
 from .ladder import ABSENT, Resolution, forward_errors, resolve
+from .ladder.budget import check_save_budget
 from .storage import load_trace
 from .summary import Summary
 from .trace import Trace
@@ -135,6 +136,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     if res.verified is not None:
         result = res.verified
         if not saves_nothing(save):
+            check_save_budget(res.provenance, save)
             result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace")
             res.provenance["recapture"] = {
                 "reason": f"save={save!r} is not satisfied by the metadata-only verified capture",

@@ -51,9 +51,11 @@ class Precheck:
     peak_bytes: int = 0
     flops: int = 0
     error: BaseException | None = None
+    total_bytes: int = 0  # every op's new output, none freed: what saving all of them keeps
 
     def facts(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "peak_bytes": self.peak_bytes, "flops": self.flops}
+        return {"outcome": self.outcome, "peak_bytes": self.peak_bytes, "flops": self.flops,
+                "total_bytes": self.total_bytes}
 
 
 def _human(n: float) -> str:
@@ -125,7 +127,7 @@ class _Meter(TorchDispatchMode):
     def __init__(self, memory: int | None, flops: float | None, guard: bool = False):
         super().__init__()
         self.memory, self.max_flops, self.guard = memory, flops, guard
-        self.live = self.peak = self.flops = 0
+        self.live = self.peak = self.flops = self.total = 0
 
     def _free(self, n: int) -> None:
         self.live -= n
@@ -138,6 +140,7 @@ class _Meter(TorchDispatchMode):
         for t in _new_outputs(func, out):
             n = _nbytes(t)
             self.live += n
+            self.total += n
             weakref.finalize(t, self._free, n)
         self.peak = max(self.peak, self.live)
         if self.memory is not None and self.peak > self.memory:
@@ -219,14 +222,14 @@ def precheck(model: nn.Module, shapes: list[tuple[torch.Size, torch.dtype]], pos
                 torch.func.functional_call(model, state, tuple(inputs[:positional]),
                                            dict(zip(names, inputs[positional:])))
     except OverBudget as exc:
-        return Precheck("over_budget", meter.peak, meter.flops, exc)
+        return Precheck("over_budget", meter.peak, meter.flops, exc, meter.total)
     except Exception as exc:
         kind = "inconclusive" if not started or _fake_limit(exc) else "failed"
-        return Precheck(kind, meter.peak, meter.flops, exc)
+        return Precheck(kind, meter.peak, meter.flops, exc, meter.total)
     finally:
         for module, flag in flags:
             module.training = flag
-    return Precheck("fits", meter.peak, meter.flops)
+    return Precheck("fits", meter.peak, meter.flops, None, meter.total)
 
 
 @contextlib.contextmanager
@@ -236,3 +239,24 @@ def guarded(budget: dict[str, Any]) -> Iterator[_Meter]:
     meter = _Meter(budget["memory_bytes"], None, guard=True)
     with meter:
         yield meter
+
+
+def check_save_budget(provenance: dict[str, Any], save: Any) -> None:
+    """Before rung 3 recaptures with ``save="all"``: refuse when keeping every activation of the
+    inferred input would pass the memory budget (the fake check's total of new outputs)."""
+    budget = provenance.get("probe_budget") or {}
+    rows = [r for r in provenance.get("probe_diary") or () if r.get("outcome") == "verified"]
+    need = (rows[-1].get("precheck") or {}).get("total_bytes") if rows else None
+    limit = budget.get("memory_bytes")
+    if save != "all" or need is None or limit is None or need <= limit:
+        return
+    from ..errors import InputError
+
+    raise InputError(
+        f"saving every activation of the inferred input {rows[-1]['candidate']} would keep about "
+        f"{_human(need)}B, over the {_human(limit)}B budget ({budget.get('memory_fraction', 0):.0%}"
+        f" of {budget.get('memory_source')}); nothing was recaptured",
+        code="save_over_budget",
+        teach=["tl.trace(model, save=None)  # metadata only: the verified capture itself",
+               "tl.trace(model, save=['<label or module>', ...])  # keep a few activations",
+               "tl.trace(model, input_shape=(...))  # a smaller input you choose"])
