@@ -1,14 +1,15 @@
 """Rung-3 probe budgets: check a candidate on fake tensors before any real forward.
 
 ``budget_for(device)`` sets the bounds: a fraction of the memory available where the model lives,
-a FLOP ceiling per probe and a wall-clock ceiling for the whole inference (the time bounds). ``precheck`` runs the forward on fake tensors
-(``FakeTensorMode``: shapes and dtypes, no data) over a fake copy of the parameters, so nothing
-is allocated and the model's own tensors are never touched; it measures the peak of live
-activation bytes and the FLOPs, and stops as soon as either passes its bound. A forward fake
-tensors cannot follow (data-dependent Python, ``.item()``, ``.numpy()``) is "inconclusive";
-``guarded`` then sizes every op on the meta device just before it runs for real, and stops the
-forward before the op that would pass the memory bound allocates anything. ``check_save_budget``
-refuses a ``save="all"`` recapture whose kept activations would pass the memory bound.
+a FLOP ceiling per probe and a wall-clock ceiling for the whole inference (the time bounds).
+``precheck`` runs the forward on fake tensors (``FakeTensorMode``: shapes and dtypes, no data)
+over a fake copy of the parameters, so nothing is allocated and the model's own tensors are never
+touched; it measures the peak of live activation bytes and the FLOPs, and stops as soon as either
+passes its bound. A forward fake tensors cannot follow (data-dependent Python, ``.item()``,
+``.numpy()``) is "inconclusive"; ``guarded`` then sizes every op on the meta device just before
+it runs for real, and stops the forward before the op that would pass the memory bound allocates
+anything. ``check_save_budget`` refuses a ``save="all"`` recapture whose kept activations would
+pass the memory bound.
 """
 
 from __future__ import annotations
