@@ -9,14 +9,23 @@ from torchlens.plugins import get_plugin_manager
 
 
 class ForwardCounter:
-    """Counts calls of one module's forward (a pre-hook on that module only)."""
+    """Counts calls of one module's forward (a pre-hook on that module only): ``n`` all of them,
+    ``fake`` those on fake tensors (rung 3's allocation-free checks), ``real`` the others."""
 
     def __init__(self, model: torch.nn.Module):
-        self.n = 0
+        self.n = self.fake = 0
         self.handle = model.register_forward_pre_hook(self._hook)
 
+    @property
+    def real(self) -> int:
+        return self.n - self.fake
+
     def _hook(self, module, args):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
         self.n += 1
+        self.fake += any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
 
 
 @pytest.fixture

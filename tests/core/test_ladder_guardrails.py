@@ -88,13 +88,37 @@ def test_gold_labels_given_at_trace_time_are_used():
     assert {r["label"] for r in trace.output_table(k=5)} == set(LABELS)
 
 
-def test_gold_without_labels_or_plugin_is_semantics_unavailable():
-    """No labels and no plugin decoder: semantics_unavailable (typed), naming labels=."""
-    trace = tl.trace(classifier(), torch.rand(1, 6))
+def test_gold_classifier_without_labels_gives_class_indices_and_probabilities():
+    """Issue 18: a plain classifier (core only, no plugin, no labels=) on a real input gets a
+    top-k table of class indices with their probabilities -- a true statement about real data."""
+    x = torch.rand(1, 6)
+    model = classifier()
+    trace = tl.trace(model, x)
+    table = trace.output_table(k=3)
+    with torch.no_grad():
+        top = torch.softmax(model(x)[0], -1).topk(3)
+    assert [r["index"] for r in table] == top.indices.tolist()
+    assert [r["prob"] for r in table] == pytest.approx(top.values.tolist())
+    assert all(r["label"] is None for r in table) and [r["rank"] for r in table] == [1, 2, 3]
+    decoded = trace.decode_output(k=3)
+    assert decoded.source == "indices" and decoded.text.startswith(str(table[0]["index"]))
+
+
+def test_gold_output_that_is_not_class_scores_is_semantics_unavailable():
+    """No labels, no plugin decoder, and an output that is not (batch, classes) scores (here a
+    feature map): semantics_unavailable (typed), naming labels=."""
+    trace = tl.trace(nn.Conv2d(3, 4, 1).eval(), torch.rand(1, 3, 4, 4))
     with pytest.raises(TorchLensError) as err:
         trace.output_table()
     assert err.value.code == "semantics_unavailable"
     assert any("labels=" in t for t in err.value.teach)
+
+
+def test_synthesized_classifier_without_labels_still_refuses():
+    trace = tl.trace(classifier(), input_shape=(1, 6))
+    with pytest.raises(TorchLensError) as err:
+        trace.output_table()
+    assert err.value.code == "nongold_semantics_unavailable"
 
 
 def test_gold_labels_without_a_saved_output_say_so():

@@ -1,4 +1,5 @@
-"""Rung 3: bounded pinned probes with a diary, N probes + 1 verified capture, typed refusals."""
+"""Rung 3: bounded probes with a diary -- N allocation-free fake-tensor checks, then 1 verified
+real capture -- and typed refusals."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_probe_bound_is_documented_and_enforced(register_plugin, count_forwards)
     failed or not, even when plugins offer more candidates; the bound is documented."""
     assert isinstance(MAX_PROBES, int) and 1 <= MAX_PROBES <= 16
     doc = importlib.import_module("torchlens.ladder.infer").__doc__
-    assert f"at most ``MAX_PROBES`` ({MAX_PROBES}) forwards" in doc
+    assert f"at most ``MAX_PROBES`` ({MAX_PROBES}) probes" in doc
 
     class Many:
         @tl.hookimpl
@@ -82,7 +83,7 @@ def test_probe_bound_is_documented_and_enforced(register_plugin, count_forwards)
     with pytest.raises(TorchLensError) as err:
         tl.trace(model)
     assert err.value.code == "input_inference_failed"
-    assert calls.n == MAX_PROBES
+    assert calls.n == calls.fake == MAX_PROBES  # each failed on fake tensors: none ran for real
     assert [r["outcome"] for r in err.value.diary] == ["failed"] * MAX_PROBES
 
 
@@ -95,8 +96,10 @@ def test_one_diary_row_per_probe():
     assert [r["candidate"] for r in diary] == [[1, 3, 16], [1, 3, 8]]
     assert [r["probe"] for r in diary] == [1, 2]
     failed, verified = diary
-    assert failed["error_code"] == "RuntimeError" and "mat1" in failed["error"]
+    assert failed["error_code"] == "RuntimeError" and "[16, 3]" in failed["error"]
+    assert failed["precheck"]["outcome"] == "failed"  # caught on fake tensors, never run for real
     assert verified["error_code"] is None and verified["error"] is None
+    assert verified["precheck"]["outcome"] == "fits" and verified["precheck"]["peak_bytes"] > 0
     assert all(isinstance(r["time_ms"], float) and r["time_ms"] >= 0 for r in diary)
 
 
@@ -132,7 +135,7 @@ def test_save_none_costs_failed_probes_plus_one(count_forwards):
     calls = count_forwards(model)
     trace = tl.trace(model, save=None)
     failed = sum(r["outcome"] == "failed" for r in trace.provenance["probe_diary"])
-    assert failed == 1 and calls.n == failed + 1
+    assert failed == 1 and calls.fake == failed + 1 and calls.real == 1
     assert trace.provenance["recapture"] is None
     assert trace.receipt is not None and trace.receipt.verified
 
@@ -144,7 +147,7 @@ def test_default_save_all_recaptures_exactly_once_and_discloses_it(count_forward
     calls = count_forwards(model)
     trace = tl.trace(model)
     failed = sum(r["outcome"] == "failed" for r in trace.provenance["probe_diary"])
-    assert calls.n == failed + 1 + 1
+    assert calls.fake == failed + 1 and calls.real == 1 + 1
     recapture = trace.provenance["recapture"]
     assert "save='all'" in recapture["reason"] and "eval" in recapture["policy"]
     assert trace.inputs[0].shape == [1, 3, 8] and trace[-1].saved
@@ -241,7 +244,7 @@ def test_guess_input_shape_returns_candidate_and_diary_without_capturing(count_f
     guess = tl.debug.guess_input_shape(model)
     assert guess.input_shape == (1, 3, 8)
     assert [r["outcome"] for r in guess.diary] == ["failed", "verified"]
-    assert calls.n == len(guess.diary)
+    assert calls.fake == len(guess.diary) and calls.real == 1
     assert not getattr(model, "captured", False)
     assert guess.recipes == [{"slot": "0", "keyword": False, "shape": [1, 3, 8],
                               "dtype": "float32", "recipe": "uniform_0_1", "low": 0.0,
@@ -281,10 +284,10 @@ def test_guess_input_shape_refusal_carries_the_diary():
 
 def test_infer_is_the_shared_engine():
     """``ladder.infer.infer`` takes any probe callable: the same engine serves tl.trace and
-    guess_input_shape."""
+    guess_input_shape. It is called only for the candidate that passed the fake-tensor check."""
     seen = []
     found = infer(Fits8(), lambda a, k: seen.append(a[0].shape) or "ok")
-    assert found.result == "ok" and seen == [torch.Size([1, 3, 16])]
+    assert found.result == "ok" and seen == [torch.Size([1, 3, 8])]
 
 
 def test_the_same_candidate_is_never_probed_twice(register_plugin, count_forwards):

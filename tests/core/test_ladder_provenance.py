@@ -12,7 +12,7 @@ import torchlens as tl
 from torchlens.types import InputSpec
 
 FIELDS = {"schema", "version", "origin", "surface", "strategy", "slots", "seed", "generator",
-          "probe_diary", "resolver", "recapture"}
+          "probe_diary", "resolver", "recapture", "probe_budget"}
 SYNTH_SLOT = {"slot", "keyword", "kind", "shape", "dtype", "recipe", "low", "high", "source"}
 
 

@@ -145,7 +145,7 @@ def _show(args) -> int:
     from .summary import describe_provenance
 
     trace = tl.load(args.file)
-    print(trace)
+    print(repr(trace))  # the one-line header; the op listing below honours --limit
     print(describe_provenance(trace.provenance))
     width = max((len(op.label) for op in trace), default=5)
     for op in trace.ops[: args.limit]:

@@ -124,7 +124,13 @@ def explain(trace: Any) -> str:
                      "your global RNG was not advanced and the model was not moved.")
     diary = p.get("probe_diary") or []
     if diary:
-        lines.append(f"Probe diary ({len(diary)} row(s), at most {MAX_PROBES} forwards):")
+        lines.append(f"Probe diary ({len(diary)} row(s), at most {MAX_PROBES} probes, each checked "
+                     "on fake tensors before any real forward):")
+        budget = p.get("probe_budget") or {}
+        if budget.get("memory_bytes") is not None:
+            lines.append(f"  budget: {budget['memory_bytes'] / 1e9:.2f} GB of memory "
+                         f"({budget['memory_fraction']:.0%} of {budget['memory_source']}), "
+                         f"{budget.get('max_flops') or 0:.0e} FLOPs, {budget['max_seconds']:g} s")
         for r in diary:
             err = f" [{r['error_code']}: {r.get('error')}]" if r.get("error_code") else ""
             lines.append(f"  #{r.get('probe')} {r.get('candidate')}: {r.get('outcome')}{err} "

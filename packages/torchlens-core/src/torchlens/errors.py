@@ -15,6 +15,8 @@ CODES: dict[str, str] = {
     "input_shape_invalid": "input_shape= is malformed (bad dims, names or slot count)",
     "input_recipe_ambiguous": "no static fact fixes the dtype/values of a synthesized input slot",
     "input_inference_failed": "no bounded shape probe produced a verified capture",
+    "probe_over_budget": "diary: a rung-3 candidate would pass the probe memory/FLOP/time budget",
+    "save_over_budget": "rung 3's save='all' recapture would keep more than the memory budget",
     "input_unresolved": "a real input of a kind no installed plugin resolves (e.g. a string)",
     "preprocess_unavailable": "an image was given but no preprocessing for the model is known",
     "preprocess_failed": "the image preprocessing raised or returned no usable tensor",
@@ -29,6 +31,7 @@ CODES: dict[str, str] = {
     "model_unavailable": "trace.run on a trace that holds no model (e.g. a loaded one)",
     "no_differentiable_output": "validate_backward_pass on a model whose output needs no grad",
     "option_invalid": "a keyword option has a value TorchLens cannot use",
+    "dependency_missing": "an optional package a method needs (e.g. pandas) is not installed",
     # Trace access
     "key_not_found": "no op, pass or module matches the lookup key",
     "activation_not_saved": "op.out read on an op whose activation was not selected by save=",

@@ -1,4 +1,5 @@
-"""Output semantics for gold traces: plugin decoders first, then caller-given labels.
+"""Output semantics for gold traces: plugin decoders first, then caller-given labels, then (for a
+plain classifier's (batch, classes) scores) a top-k of class indices with probabilities.
 
 A synthesized-input trace refuses (``nongold_semantics_unavailable``): a decoded label of random
 numbers would be a statement about data that never existed.
@@ -81,14 +82,23 @@ def decode(trace, k: int = 5, labels: Any = None) -> DecodedOutput:
             code="semantics_unavailable",
             teach=["tl.trace(model, x, save='all')  # keep the output, then "
                    "trace.output_table(k=5, labels=[...])"])
-    if labels is None or logits is None:
+    if logits is None or (labels is None and not _class_scores(trace, logits)):
         raise TorchLensError(
-            "this output has no known semantics (no plugin decodes it and no labels= were given)",
-            code="semantics_unavailable",
+            "this output has no known semantics (no plugin decodes it, no labels= were given, "
+            "and it is not a (batch, classes) score tensor)", code="semantics_unavailable",
             teach=["trace.output_table(k=5, labels=[...])  # your class names",
                    "trace.output  # the raw output"])
     rows = top_k(_last_position(logits), k, labels)
     best = rows[0] if rows else None
     text = f"{best['label'] if best['label'] is not None else best['index']} " \
            f"(p={best['prob']:.3f})" if best else ""
-    return DecodedOutput(text, rows, "labels")
+    return DecodedOutput(text, rows, "labels" if labels is not None else "indices")
+
+
+def _class_scores(trace, logits: torch.Tensor) -> bool:
+    """Whether an output reads as class scores without labels: a floating (batch, classes)
+    tensor, or one the model names ``logits``. Softmax over its last dim gives the table."""
+    if not logits.is_floating_point() or logits.shape[-1:] in ((), (1,)):
+        return False
+    named = any(op.saved and "logits" in str(op.slot) for op in trace.outputs)
+    return logits.dim() == 2 or named

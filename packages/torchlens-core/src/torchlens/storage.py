@@ -1,4 +1,4 @@
-"""Trace files: one ``torch.save`` zip holding versioned JSON metadata and the saved tensors.
+"""Reading trace files (written by ``tracefile.save_trace``) back into Trace objects.
 
 Loading uses ``torch.load(weights_only=True)``: no code runs. Anything unreadable, truncated or
 foreign raises ``trace_file_invalid`` before a Trace is built.
@@ -8,49 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 import torch
 
 from .errors import TraceFileError
 from .trace import OP_FIELDS, SCHEMA_VERSION, Module, ModuleCall, Op, Trace
-
-FORMAT = "torchlens-trace"
-
-
-def _meta_of(trace: Trace) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "schema_version": SCHEMA_VERSION,
-        "ops": [op.row() for op in trace.ops],
-        "modules": [m.row() for m in trace.modules.values()],
-        "params": trace.params,
-        "buffers": trace.buffers,
-        "output_structure": trace.output_structure,
-        "meta": trace.meta,
-        "provenance": trace.provenance,
-        "annotations": trace.annotations,
-    }
-
-
-def save_trace(trace: Trace, path: str | os.PathLike) -> None:
-    """Write ``trace`` to ``path`` atomically (a temp file renamed into place)."""
-    tensors: dict[str, Any] = {}
-    for op in trace.ops:
-        if op.saved:
-            value = op._value
-            if isinstance(value, tuple):
-                for j, t in enumerate(value):
-                    tensors[f"{op.index}.{j}"] = t
-            else:
-                tensors[str(op.index)] = value
-    payload = {"format": FORMAT, "meta_json": json.dumps(_meta_of(trace)), "tensors": tensors,
-               "tuple_ops": [op.index for op in trace.ops if op.saved
-                             and isinstance(op._value, tuple)]}
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+from .tracefile import FORMAT
 
 
 def _invalid(path, why: str) -> TraceFileError:

@@ -200,9 +200,20 @@ class Summary:
                   f"Forward activations: {_mb(t['activation_bytes'])}",
                   f"Params size: {_mb(t['param_bytes'])}",
                   f"Estimated total size: {_mb(t['estimated_total_bytes'])}",
-                  f"Ops: {t['ops']:,}  Measured op time: {t['time_ms']:.2f} ms", rule]
+                  f"Ops: {t['ops']:,}  Measured op time: {t['time_ms']:.2f} ms",
+                  self._time_line(), rule]
         lines.append(self._receipt_line())
         return "\n".join(lines)
+
+    def _time_line(self) -> str:
+        """What the Time column is, and whether one-time setup was kept out of it."""
+        timing = self.trace.meta.get("timing") or {}
+        what = "Time (ms): wall time of each call in the one captured forward, capture overhead " \
+               "included"
+        if timing.get("warmup_forwards"):
+            return f"{what}; measured after one uncaptured warm-up forward (one-time setup " \
+                   "excluded)"
+        return f"{what}; {timing.get('note', 'no warm-up: the first calls include one-time setup')}"
 
     def _receipt_line(self) -> str:
         r = self.receipt
@@ -230,4 +241,4 @@ class Summary:
                 f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
                 f"<p>Total params: {t['total_params']:,} · trainable {t['trainable_params']:,}"
                 f" · FLOPs {_human(t['flops'])} · activations {_mb(t['activation_bytes'])}</p>"
-                f"<p>{esc(self._receipt_line())}</p></div>")
+                f"<p>{esc(self._time_line())}</p><p>{esc(self._receipt_line())}</p></div>")

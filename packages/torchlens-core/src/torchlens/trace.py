@@ -282,6 +282,23 @@ class Trace:
             f"input {origin}>"
         )
 
+    def __str__(self) -> str:
+        """The op table: label, function, module, output shape, params, FLOPs, time."""
+        from .optable import text
+
+        return text(self)
+
+    def _repr_html_(self) -> str:
+        from .optable import to_html
+
+        return to_html(self)
+
+    def to_pandas(self):
+        """One pandas row per op (needs pandas: ``pip install pandas``)."""
+        from .optable import to_pandas
+
+        return to_pandas(self)
+
     # ---- values and files ---------------------------------------------------------------------
     def _on_value_read(self) -> None:
         """Called on every raw value read; the input ladder warns here for synthesized inputs.
@@ -317,30 +334,12 @@ class Trace:
         On an ``intervention_ready`` trace the model's state is checked against the baseline
         first; a changed model refuses ``state_changed`` naming what changed.
         """
-        from .capture.policy import state_fingerprints
-        from .errors import StateError
-        from .verbs import trace as trace_verb
-
-        model = self._objects.get("model")
-        if model is None:
+        rerun = self._objects.get("rerun")
+        if rerun is None:
             raise TorchLensError(
                 "this trace holds no model (it was loaded from a file)", code="model_unavailable",
                 teach=["tl.trace(model, x)  # trace the model itself"])
-        baseline = self.meta.get("state_baseline")
-        if baseline:
-            now = state_fingerprints(model)
-            changed = sorted(k for k in set(now) | set(baseline["tensors"])
-                             if now.get(k) != baseline["tensors"].get(k))
-            if changed:
-                raise StateError(
-                    f"the model changed since this intervention-ready trace: {changed[:5]}"
-                    + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""),
-                    code="state_changed",
-                    teach=["tl.trace(model, x, intervention_ready=True)  # a new baseline"])
-        saved = self.meta.get("options", {})
-        options.setdefault("save", saved.get("save", "all"))
-        options.setdefault("intervention_ready", bool(saved.get("intervention_ready")))
-        return trace_verb(model, input, input_kwargs=input_kwargs, **options)
+        return rerun(self, input, input_kwargs=input_kwargs, **options)
 
     def decode_output(self, k: int = 5, labels: Any = None):
         """The output's meaning (next token, class label) for a gold trace; refuses otherwise."""
@@ -349,7 +348,8 @@ class Trace:
         return decode(self, k, labels)
 
     def output_table(self, k: int = 5, labels: Any = None) -> list[dict[str, Any]]:
-        """The top-k of the output with probabilities (and labels when known); gold traces only."""
+        """The top-k of the output with probabilities: labels when a plugin or ``labels=`` gives
+        them, class indices for a plain classifier's (batch, classes) scores; gold traces only."""
         return self.decode_output(k, labels).rows
 
     def draw(self, **options: Any):
@@ -360,9 +360,9 @@ class Trace:
 
     def save(self, path) -> None:
         """Write this trace (metadata, provenance and saved activations) to one file."""
-        from .storage import save_trace
+        from .tracefile import save_trace
 
-        save_trace(self, path)
+        save_trace(self, path, SCHEMA_VERSION)
 
 
 def _rebuild(node: Any, trace: Trace) -> Any:

@@ -14,9 +14,10 @@ from torch import nn
 from .capture.engine import capture, capturing, parse_save, saves_nothing
 from .capture.inventory import Inventory, inventory
 from .capture.meta import check_inputs, refuse_values
-from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash
+from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash, warm_up
 from .errors import CaptureError, InputError, StateError, warn
 from .ladder import ABSENT, Resolution, forward_errors, resolve
+from .ladder.budget import check_save_budget
 from .storage import load_trace
 from .summary import Summary
 from .trace import Trace
@@ -58,13 +59,18 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
     return inv
 
 
-def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str
-                   ) -> Trace:
-    """One capture in eval + no-grad with state restored; the receipt rides on the trace."""
+def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str,
+                   warmup: bool = False) -> Trace:
+    """One capture in eval + no-grad with state restored; the receipt rides on the trace.
+    ``warmup``: one uncaptured forward first, inside the same pinning, so one-time setup is not
+    timed as a layer's cost (disclosed in ``trace.meta["timing"]``)."""
     with pinned(model, surface) as box:
+        timing = warm_up(model, args, kwargs) if warmup else None
         result = capture(model, args, kwargs, save=save)
     result.receipt = box["receipt"]
     result.meta["receipt"] = box["receipt"].as_dict()
+    if timing is not None:
+        result.meta["timing"] = timing
     return result
 
 
@@ -84,6 +90,28 @@ def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, inpu
 def _options(tokenizer: Any, processor: Any, preprocess: Any, labels: Any = None) -> dict:
     return {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess,
             "labels": labels}
+
+
+def rerun(previous: Trace, input: Any, /, *, input_kwargs: dict | None = None,
+          **options: Any) -> Trace:
+    """``Trace.run``: trace the same model on a new real input with the previous trace's capture
+    options; an intervention-ready trace first checks the model against its state baseline."""
+    model = previous._objects["model"]
+    baseline = previous.meta.get("state_baseline")
+    if baseline:
+        now = state_fingerprints(model)
+        changed = sorted(k for k in set(now) | set(baseline["tensors"])
+                         if now.get(k) != baseline["tensors"].get(k))
+        if changed:
+            raise StateError(
+                f"the model changed since this intervention-ready trace: {changed[:5]}"
+                + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""),
+                code="state_changed",
+                teach=["tl.trace(model, x, intervention_ready=True)  # a new baseline"])
+    saved = previous.meta.get("options", {})
+    options.setdefault("save", saved.get("save", "all"))
+    options.setdefault("intervention_ready", bool(saved.get("intervention_ready")))
+    return trace(model, input, input_kwargs=input_kwargs, **options)
 
 
 def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
@@ -113,6 +141,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     if res.verified is not None:
         result = res.verified
         if not saves_nothing(save):
+            check_save_budget(res.provenance, save)
             result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace")
             res.provenance["recapture"] = {
                 "reason": f"save={save!r} is not satisfied by the metadata-only verified capture",
@@ -123,7 +152,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
             result = capture(model, res.args, res.kwargs, save=save, inv=res.inventory)
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
-    result._objects.update({"model": model, "labels": labels, **res.objects})
+    result._objects.update({"model": model, "rerun": rerun, "labels": labels, **res.objects})
     if intervention_ready:
         prints = state_fingerprints(model)
         result.meta["state_baseline"] = {"digest": state_hash(model, fingerprints=prints),
@@ -133,19 +162,22 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
 
 
 def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, input_shape: Any,
-                 surface: str, options: dict) -> Trace:
+                 surface: str, options: dict, warmup: bool = False) -> Trace:
     """The pinned surfaces' capture: ONE metadata-only capture in eval + no-grad (on rung 3, the
-    verified probe itself), with provenance and receipt attached."""
+    verified probe itself), with provenance and receipt attached; ``warmup`` runs one uncaptured
+    forward first inside the same pinning (for timed tables)."""
     res = resolve_for(
         model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface=surface,
         options=options,
-        probe=lambda a, k: pinned_capture(model, a, k, save=None, surface=surface))
+        probe=lambda a, k: pinned_capture(model, a, k, save=None, surface=surface,
+                                          warmup=warmup))
     result = res.verified
     if result is None:
         with forward_errors(res, surface):
-            result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface)
+            result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface,
+                                    warmup=warmup)
     result.provenance = res.provenance
-    result._objects.update({"model": model, **res.objects})
+    result._objects.update({"model": model, "rerun": rerun, **res.objects})
     return result
 
 
@@ -153,10 +185,12 @@ def summary(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | No
             input_shape: Any = None, depth: int | None = 3, ops: bool = False,
             tokenizer: Any = None, processor: Any = None, preprocess: Any = None) -> Summary:
     """A module-tree table of ``model`` from ONE metadata-only capture pinned to eval + no-grad;
-    the model's modes, RNG and buffers are restored and verified (``summary.receipt``)."""
+    the model's modes, RNG and buffers are restored and verified (``summary.receipt``). One
+    uncaptured warm-up forward runs first under the same pinning, so the Time column does not
+    count one-time setup (disclosed under the table)."""
     result = pinned_trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
                           surface="summary",
-                          options=_options(tokenizer, processor, preprocess))
+                          options=_options(tokenizer, processor, preprocess), warmup=True)
     return Summary(result, depth=depth, ops=ops)
 
 

@@ -3,6 +3,8 @@
 ``pinned(model)`` snapshots every module's ``training`` flag, the RNG streams (CPU and CUDA) and
 every buffer, hashes the state dict, runs the body in eval + no-grad, then restores and re-hashes.
 The receipt says what was pinned and restored and whether the state verifies bit for bit.
+``warm_up`` runs one uncaptured forward inside the pinning, so a timed capture after it does not
+count one-time setup.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ from torch.nn.parameter import is_lazy
 
 from ..errors import StateError
 from .inventory import inventory
+from .meta import is_meta
 from .offload import homes, hooked
 
 
@@ -162,3 +166,22 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
                 teach=["tl.trace(model, x)  # the power surface keeps your modes and reports no "
                        "receipt", "inspect the forward for in-place writes to parameters"],
             )
+
+
+def warm_up(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """One uncaptured forward under its own RNG fork (the capture then draws the same random
+    numbers it would have drawn first), skipped while lazy parameters are pending."""
+    lazy = pending_lazy(model)
+    if lazy:
+        return {"warmup_forwards": 0, "note": f"no warm-up: lazy parameters {sorted(lazy)[:3]} "
+                "materialize in the captured forward, so its times include that setup"}
+    if is_meta(model):
+        return {"warmup_forwards": 0, "note": "no warm-up: a meta model computes no values, so "
+                "its times are the cost of tracing shapes"}
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    t0 = time.perf_counter()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
+        model(*args, **kwargs)
+    return {"warmup_forwards": 1, "warmup_ms": round((time.perf_counter() - t0) * 1e3, 3),
+            "note": "one uncaptured warm-up forward ran first, under the same pinning, so "
+                    "one-time setup (first-call kernels, allocator growth) is not timed"}

@@ -17,7 +17,7 @@ from ..errors import CaptureError, InputError, InputTypeError, TorchLensError
 from . import provenance as prov
 from .infer import MAX_PROBES, Inference, infer
 from .real import resolve_real
-from .recipes import recipe_for
+from .recipes import is_dtype_error, recipe_for
 from .shapes import parse_input_shape
 from .signature import forward_signature
 from .synth import model_device, synthesize
@@ -83,7 +83,7 @@ def resolve(model: nn.Module, value: Any = ABSENT, *, input_kwargs: dict | None 
         raise InputError(f"tl.{surface} needs an input", code="input_inference_failed")
     found = infer(model, probe, hints, surface)
     record = prov.synthesized("inferred", surface, found.slots, found.recipes, found.diary,
-                              "inference")
+                              "inference", found.budget)
     return Resolution(found.args, found.kwargs, record, verified=found.result)
 
 
@@ -103,14 +103,27 @@ def forward_errors(res: Resolution, surface: str = "trace") -> Iterator[None]:
             raise
         shapes = ", ".join(f"{s['slot']}: {tuple(s['shape'])} {s['dtype']} {s['recipe']}"
                            for s in res.provenance["slots"])
+        teach = [f"tl.{surface}(model, x)  # pass the real call",
+                 f"tl.{surface}(model, input_shape=...)  # a shape this forward accepts",
+                 "torchlens.debug.guess_input_shape(model, hints={'batch': 1})  # probe, no "
+                 "capture"]
+        if is_dtype_error(exc):  # the synthesized dtype was wrong: name the override first
+            teach.insert(0, f"tl.{surface}(model, input_shape={_spec_spelling(res)})  # say "
+                            "the dtype and value range")
         err = CaptureError(
             f"the forward raised on the declared input_shape= input ({shapes}): "
             f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}; "
             "TorchLens does not fall back to inference",
-            code="forward_failed",
-            teach=[f"tl.{surface}(model, x)  # pass the real call",
-                   f"tl.{surface}(model, input_shape=...)  # a shape this forward accepts",
-                   "torchlens.debug.guess_input_shape(model, hints={'batch': 1})  # probe, no "
-                   "capture"])
+            code="forward_failed", teach=teach)
         err.partial_trace = getattr(exc, "partial_trace", None)  # type: ignore[attr-defined]
         raise err from exc
+
+
+def _spec_spelling(res: Resolution) -> str:
+    """The declared input_shape= respelled with InputSpec for every slot."""
+    specs = [(s["slot"], s["keyword"], "torchlens.types.InputSpec("
+              f"{tuple(s['shape'])}, dtype=..., low=..., high=...)")
+             for s in res.provenance["slots"]]
+    if any(keyword for _, keyword, _ in specs):
+        return "{" + ", ".join(f"{name!r}: {spec}" for name, _, spec in specs) + "}"
+    return specs[0][2] if len(specs) == 1 else "[" + ", ".join(s for _, _, s in specs) + "]"

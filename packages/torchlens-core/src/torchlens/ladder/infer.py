@@ -1,34 +1,42 @@
 """Rung 3: infer an input from static facts with at most ``MAX_PROBES`` pinned probes.
 
 Candidates come from hints, plugins (``torchlens_shape_candidates``) and the model's first layer.
-Each probe runs pinned (eval, no-grad, forked RNG, restored state) and is one diary row; the
-first that runs is the verified one and its result is what the surface consumes.
+Each probe is one diary row. It first runs the forward on fake tensors (``budget.precheck``: no
+allocation, the model's tensors untouched); a candidate that fails there, or whose peak memory or
+FLOPs pass the disclosed budget (``provenance["probe_budget"]``), never runs for real. The one
+that passes runs pinned (eval, no-grad, forked RNG, restored state); the first that runs is the
+verified one and its result is what the surface consumes. A forward fake tensors cannot follow
+runs for real under a guard that stops it before an op would pass the memory budget.
 
-The bound: at most ``MAX_PROBES`` (8) forwards per inference, failed or not. Candidates whose
-shape or recipe is refused statically are diary rows too ("skipped") but run no forward.
+The bound: at most ``MAX_PROBES`` (8) probes per inference, failed or not, and no probe starts
+after ``budget.MAX_SECONDS``. Candidates whose shape or recipe is refused statically are diary
+rows too ("skipped") but run no forward.
 Hints (``guess_input_shape(model, hints=...)``): ``shape`` (an input_shape value, tried first),
 ``batch``, ``image_size``, ``seq_len`` (positive ints that shape the core candidates).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import InputError, InputTypeError, TorchLensError
 from ..plugins import hook
 from ..types import InputSpec
-from .recipes import Recipe, _first_param_leaf, recipe_for
+from . import budget as budgets
+from .recipes import Recipe, _first_param_leaf, is_dtype_error, recipe_for
 from .shapes import Slot, parse_input_shape
 from .signature import ForwardSignature, forward_signature
 from .synth import model_device, synthesize
 
-MAX_PROBES = 8  # forwards at most, failed or not, before inference refuses
+MAX_PROBES = 8  # probes at most, failed or not, before inference refuses
 HINT_KEYS = ("shape", "batch", "image_size", "seq_len")
 
 
@@ -43,6 +51,7 @@ class Inference:
     kwargs: dict
     result: Any
     diary: list[dict[str, Any]] = field(default_factory=list)
+    budget: dict[str, Any] = field(default_factory=dict)
 
 
 def core_candidates(model: nn.Module, sig: ForwardSignature, hints: dict) -> list[Any]:
@@ -107,37 +116,88 @@ def infer(model: nn.Module, probe: Callable[[tuple, dict], Any], hints: dict | N
     hints = check_hints(hints, model, sig)
     diary: list[dict[str, Any]] = []
     device = model_device(model)
-    forwards = 0
+    budget = budgets.budget_for(device)
+    started = time.perf_counter()
+    probes = 0
     for candidate in candidates(model, sig, hints):
-        if forwards >= MAX_PROBES:
+        if probes >= MAX_PROBES:
             break
         row: dict[str, Any] = {"probe": len(diary) + 1, "candidate": _jsonable(candidate)}
         diary.append(row)
         t0 = time.perf_counter()
+        done = functools.partial(_done, row, t0)
+        if t0 - started > budget["max_seconds"]:
+            done("skipped", "probe_over_budget",
+                 f"inference already took more than its {budget['max_seconds']:g} s budget")
+            break
         try:
             slots = parse_input_shape(candidate, model, sig)
             recipes = [recipe_for(model, s, len(slots), sig) for s in slots]
-            tensors = synthesize(recipes, device)
         except TorchLensError as exc:
             if exc.code == "plugin_invalid":
                 raise
-            row.update(outcome="skipped", error_code=exc.code, error=exc.message[:300],
-                       time_ms=round((time.perf_counter() - t0) * 1e3, 3))
+            done("skipped", exc.code, exc.message[:300])
+            continue
+        probes += 1
+        check = None
+        if device.type != "meta":
+            check = budgets.precheck(
+                model, [(torch.Size(r.shape), r.dtype) for r in recipes],
+                sum(not s.keyword for s in slots), [s.name for s in slots if s.keyword], budget)
+            if check.outcome == "over_budget":
+                done("skipped", "probe_over_budget", str(check.error)[:300],
+                     precheck=check.facts())
+                continue
+            if check.outcome == "failed":
+                done("failed", type(check.error).__name__, _first_line(check.error),
+                     precheck=check.facts(), dtype_error=is_dtype_error(check.error))
+                continue
+        try:
+            tensors = synthesize(recipes, device)
+        except TorchLensError as exc:
+            done("skipped", exc.code, exc.message[:300])
             continue
         args = tuple(t for s, t in zip(slots, tensors) if not s.keyword)
         kwargs = {s.name: t for s, t in zip(slots, tensors) if s.keyword}
-        forwards += 1
+        facts = {"precheck": check.facts()} if check is not None else {}
         try:
-            result = probe(args, kwargs)
+            if check is not None and check.outcome == "inconclusive":
+                facts["guarded"] = _first_line(check.error)
+                with budgets.guarded(budget):
+                    result = probe(args, kwargs)
+            else:
+                result = probe(args, kwargs)
         except Exception as exc:  # a failed probe is a diary row, never a fall-through guess
-            row.update(outcome="failed", error_code=getattr(exc, "code", type(exc).__name__),
-                       error=str(exc).splitlines()[0][:300] if str(exc) else "",
-                       time_ms=round((time.perf_counter() - t0) * 1e3, 3))
+            over = _over_budget(exc)
+            if over is not None:
+                done("skipped", "probe_over_budget", str(over)[:300], **facts)
+            else:
+                done("failed", getattr(exc, "code", type(exc).__name__), _first_line(exc),
+                     dtype_error=is_dtype_error(exc.__cause__ or exc), **facts)
             continue
-        row.update(outcome="verified", error_code=None, error=None,
-                   time_ms=round((time.perf_counter() - t0) * 1e3, 3))
-        return Inference(candidate, slots, recipes, args, kwargs, result, diary)
-    raise _refusal(model, sig, diary, surface)
+        done("verified", **facts)
+        return Inference(candidate, slots, recipes, args, kwargs, result, diary, budget)
+    raise _refusal(model, sig, diary, surface, budget)
+
+
+def _done(row: dict, t0: float, outcome: str, code: str | None = None, error: str | None = None,
+          **facts: Any) -> None:
+    """Close one diary row: its outcome, error code and message, facts and time."""
+    row.update(outcome=outcome, error_code=code, error=error, **facts,
+               time_ms=round((time.perf_counter() - t0) * 1e3, 3))
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:300] if str(exc) else ""
+
+
+def _over_budget(exc: BaseException) -> budgets.OverBudget | None:
+    """The OverBudget behind a probe's error (a capture wraps what the forward raised)."""
+    while exc is not None:
+        if isinstance(exc, budgets.OverBudget):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def check_hints(hints: Any, model: nn.Module, sig: ForwardSignature) -> dict[str, Any]:
@@ -163,11 +223,15 @@ def check_hints(hints: Any, model: nn.Module, sig: ForwardSignature) -> dict[str
     return dict(hints)
 
 
-def _refusal(model, sig, diary, surface) -> InputError:
+def _refusal(model, sig, diary, surface, budget) -> InputError:
     verb = f"tl.{surface}" if surface != "debug" else "tl.trace"
     teach = [t for group in hook().torchlens_refusal_teach(model=model) for t in (group or [])]
     ambiguous = any(r.get("error_code") == "input_recipe_ambiguous" for r in diary)
-    mapping = sig.spelled_mapping(spec=ambiguous)
+    dtype = any(r.get("outcome") == "failed" and r.get("dtype_error") for r in diary)
+    mapping = sig.spelled_mapping(spec=ambiguous or dtype)
+    if dtype:  # a synthesized dtype was wrong: the override that names it comes first
+        teach.insert(0, f"{verb}(model, input_shape={sig.spelled_mapping(spec=True)})  # say "
+                        "each input's dtype and value range")
     teach += [
         f"{verb}(model, x)  # pass the real call",
         f"{verb}(model, input_shape={mapping})  # the mapping form, your forward's names",
@@ -180,6 +244,7 @@ def _refusal(model, sig, diary, surface) -> InputError:
         f"({len(diary)} candidate(s){': ' + tried if tried else ''})",
         code="input_inference_failed", teach=teach)
     err.diary = diary  # type: ignore[attr-defined]
+    err.budget = budget  # type: ignore[attr-defined]
     return err
 
 

@@ -17,11 +17,13 @@ def gold(surface: str, args: tuple, kwargs: dict, resolver: dict | None) -> dict
 
 
 def synthesized(origin: str, surface: str, slots, recipes, diary: list[dict],
-                strategy: str) -> dict[str, Any]:
+                strategy: str, budget: dict | None = None) -> dict[str, Any]:
     rows = [{"slot": s.name, "keyword": s.keyword, "kind": "tensor", **r.describe()}
             for s, r in zip(slots, recipes)]
-    return _record(origin, surface, strategy, rows, {"seed": SEED, "generator": GENERATOR},
-                   diary, None)
+    record = _record(origin, surface, strategy, rows, {"seed": SEED, "generator": GENERATOR},
+                     diary, None)
+    record["probe_budget"] = budget  # rung 3: the bounds every probe was checked against
+    return record
 
 
 def _record(origin, surface, strategy, slots, rng, diary, resolver) -> dict[str, Any]:
@@ -37,4 +39,5 @@ def _record(origin, surface, strategy, slots, rng, diary, resolver) -> dict[str,
         "probe_diary": diary,
         "resolver": resolver,
         "recapture": None,
+        "probe_budget": None,
     }

@@ -1,12 +1,15 @@
 """Dtype and value recipes for synthesized inputs: static facts only, failing closed.
 
-An unambiguous embedding entry gives integer ids below ``num_embeddings``; a model with no
-embedding at all gives uniform [0, 1) floats in its floating dtype; plugin facts (hook
-``torchlens_input_recipe``) come first; anything else refuses ``input_recipe_ambiguous``.
+An unambiguous embedding entry gives integer ids below ``num_embeddings``; an unambiguous float
+entry (no embedding, and no parameter table the input could index outside a first layer that
+takes only floats, e.g. Linear or Conv) gives uniform [0, 1) floats in its floating dtype;
+plugin facts (hook ``torchlens_input_recipe``) come first; anything else refuses
+``input_recipe_ambiguous`` before any forward.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +24,18 @@ from .signature import ForwardSignature, forward_signature
 
 SPEC_TEACH = ("torchlens.types.InputSpec(shape, dtype=..., low=..., high=...)  e.g. "
               "input_shape={name: InputSpec((1, 16), dtype=torch.long, low=0, high=1000)}")
+
+
+# What torch says when a tensor has the wrong dtype for an op (an index that is float, a float
+# that should be ids, mismatched operand dtypes).
+_DTYPE_ERROR = re.compile(
+    r"dtype|scalar type|must be long|indices|index tensor|not implemented for '|Input type \(|"
+    r"can't be cast|LongTensor|FloatTensor|IntTensor|integer tensors")
+
+
+def is_dtype_error(exc: BaseException) -> bool:
+    """Whether a forward's error is about a tensor's dtype (the InputSpec override comes first)."""
+    return bool(_DTYPE_ERROR.search(str(exc)))
 
 
 @dataclass(frozen=True)
@@ -120,12 +135,45 @@ def _is_entry(slot: Slot, sig: ForwardSignature) -> bool:
     return first == (slot.name,)
 
 
+# Entry modules whose forward takes only floating input: a first layer of one of these kinds fixes
+# a synthesized input's dtype as the model's floating dtype.
+FLOAT_ENTRIES = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.RNNBase, nn.RNNCellBase,
+                 nn.LayerNorm, nn.GroupNorm, nn.RMSNorm, nn.modules.batchnorm._NormBase,
+                 nn.MultiheadAttention, nn.PReLU)
+
+
+def _tables(model: nn.Module, first: tuple[str, nn.Module] | None) -> list[str]:
+    """Parameters an input could index (``self.table[x]``: two or more dims, several rows) held
+    where no known layer stands between them and the input: by the root forward itself, or by
+    a first layer, unless that module is a kind that fixes a dtype (a bare nn.Linear)."""
+    owners = [] if isinstance(model, FLOAT_ENTRIES) else [("", model)]
+    if first is not None and first[0] and not isinstance(first[1], FLOAT_ENTRIES):
+        owners.append(first)
+    return [f"{prefix}.{n}" if prefix else n for prefix, m in owners
+            for n, p in m.named_parameters(recurse=False) if p.dim() >= 2 and p.shape[0] > 1]
+
+
+def _float_entry(model: nn.Module, first: tuple[str, nn.Module] | None) -> str | None:
+    """Why the input is floating, or None when no entry fixes its dtype."""
+    if _tables(model, first):
+        return None
+    if first is not None and isinstance(first[1], FLOAT_ENTRIES):
+        return f"first layer {first[0]!r} ({type(first[1]).__name__}) takes a floating input"
+    return "the model holds no embedding and no parameter table an input could index"
+
+
 def _static_recipe(model: nn.Module, slot: Slot, n_slots: int, sig: ForwardSignature) -> Recipe:
     embeddings = _embeddings(model)
-    if not embeddings:
-        return Recipe(slot.spec.shape, float_dtype(model), 0.0, 1.0, "uniform_0_1",
-                      "the model has no embedding layer: a floating input")
     first = _first_param_leaf(model)
+    if not embeddings:
+        why = _float_entry(model, first)
+        if why is not None:
+            return Recipe(slot.spec.shape, float_dtype(model), 0.0, 1.0, "uniform_0_1", why)
+        raise InputError(
+            f"input_shape{slot.part} (input {slot.name!r}): no entry module fixes its dtype and "
+            f"the forward holds parameter table(s) {_tables(model, first)[:3]} it could index, "
+            "so whether this input holds floats or integer ids is not a static fact",
+            code="input_recipe_ambiguous", teach=[SPEC_TEACH, "tl.trace(model, x)  # a real input"])
     if n_slots == 1 and _is_entry(slot, sig) and first is not None and isinstance(
             first[1], (nn.Embedding, nn.EmbeddingBag)):
         high = min(m.num_embeddings for _, m in embeddings)

@@ -1,0 +1,126 @@
+"""The op table of a Trace: ``str(trace)``, the notebook HTML (``_repr_html_``) and pandas rows.
+
+One row per op: label, function, module, output shape, parameters consumed, FLOPs and measured
+time. A long trace shows its first and last ``EDGE`` ops with a count of the ops between. This
+module reads a Trace's public fields only and imports nothing from ``trace.py``.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from .errors import TorchLensError
+
+HEADERS = ("#", "Label", "Function", "Module", "Output shape", "Params", "FLOPs", "Time (ms)")
+EDGE = 15  # rows shown at each end of a trace longer than 2 * EDGE + 1 ops
+TIME_NOTE = ("Time: measured wall time of each call during this capture (capture overhead "
+             "included; a first call may carry one-time setup)")
+
+
+def human(n: float | None) -> str:
+    """A count with a K/M/G/T suffix; ``--`` when unknown."""
+    if n is None:
+        return "--"
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return f"{n:g}"
+
+
+def _numels(trace: Any) -> dict[str, int]:
+    """Parameter and buffer sizes by every name they go by (tied aliases included)."""
+    sizes = {}
+    for table in (trace.params, trace.buffers):
+        for name, info in table.items():
+            for alias in [name, *info.get("aliases", ())]:
+                sizes[alias] = info.get("numel", 0)
+    return sizes
+
+
+def _params(op: Any, sizes: dict[str, int]) -> int:
+    return sum(sizes.get(name, 0) for name in op.params or ())
+
+
+def _shape(op: Any) -> str:
+    shapes = op.out_shapes or ([op.shape] if op.shape is not None else [])
+    text = ", ".join("(" + ", ".join(map(str, s)) + ")" for s in shapes[:2])
+    return (text + (", ..." if len(shapes) > 2 else "")) or "--"
+
+
+def cells(op: Any, sizes: dict[str, int]) -> list[str]:
+    """One op as the table's text cells."""
+    module = op.module or ("<model>" if op.kind == "op" else "")
+    params = _params(op, sizes)
+    time = f"{op.time_ns / 1e6:.3f}" if op.kind == "op" else "--"
+    return [str(op.index), op.label, op.func, module, _shape(op),
+            f"{params:,}" if params else "--", human(op.flops), time]
+
+
+def _shown(ops: list) -> tuple[list, list, int]:
+    """The head and tail rows to show, and how many ops lie between them."""
+    if len(ops) <= 2 * EDGE + 1:
+        return ops, [], 0
+    return ops[:EDGE], ops[-EDGE:], len(ops) - 2 * EDGE
+
+
+def _title(trace: Any) -> str:
+    n_ops = sum(op.kind == "op" for op in trace.ops)
+    origin = trace.provenance.get("origin", "gold")
+    return (f"Trace of {trace.meta.get('model_class', 'model')}: {n_ops} ops, "
+            f"{trace.num_params:,} params, FLOPs {human(trace.total_flops)}, input {origin}")
+
+
+def text(trace: Any) -> str:
+    """The table ``str(trace)`` prints."""
+    sizes = _numels(trace)
+    head, tail, hidden = _shown(trace.ops)
+    rows = [list(HEADERS)] + [cells(op, sizes) for op in head + tail]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADERS))]
+    right = {0, 5, 6, 7}
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+
+    rule = "-" * (sum(widths) + 2 * (len(widths) - 1))
+    lines = [_title(trace), line(rows[0]), rule] + [line(r) for r in rows[1:len(head) + 1]]
+    if hidden:
+        lines.append(f"... {hidden:,} more ops (trace.to_pandas() or trace.rows() for all) ...")
+        lines += [line(r) for r in rows[len(head) + 1:]]
+    total_ms = sum(op.time_ns for op in trace.ops) / 1e6
+    lines += [rule, f"{len(trace.ops):,} rows; measured op time {total_ms:.2f} ms", TIME_NOTE]
+    return "\n".join(lines)
+
+
+def to_html(trace: Any) -> str:
+    """The same table as HTML, for notebooks."""
+    esc = html.escape
+    sizes = _numels(trace)
+    head, tail, hidden = _shown(trace.ops)
+    header = "".join(f"<th>{esc(h)}</th>" for h in HEADERS)
+
+    def row(op: Any) -> str:
+        return "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in cells(op, sizes)) + "</tr>"
+
+    body = "".join(row(op) for op in head)
+    if hidden:
+        body += (f"<tr><td colspan='{len(HEADERS)}'><i>... {hidden:,} more ops ...</i>"
+                 "</td></tr>") + "".join(row(op) for op in tail)
+    return (f"<div><p><b>{esc(_title(trace))}</b></p><table><thead><tr>{header}</tr></thead>"
+            f"<tbody>{body}</tbody></table><p><small>{esc(TIME_NOTE)}</small></p></div>")
+
+
+def to_pandas(trace: Any):
+    """One row per op (every plain field of ``Op``, plus ``num_params``), in execution order."""
+    try:
+        import pandas
+    except ImportError as exc:
+        raise TorchLensError(
+            "trace.to_pandas() needs pandas, which is not installed",
+            code="dependency_missing",
+            teach=["pip install pandas", "trace.rows()  # the same rows as plain dicts"],
+        ) from exc
+    sizes = _numels(trace)
+    rows = [{**op.row(), "num_params": _params(op, sizes)} for op in trace.ops]
+    return pandas.DataFrame(rows)

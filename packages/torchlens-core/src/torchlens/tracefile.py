@@ -1,0 +1,51 @@
+"""Writing a trace file: one ``torch.save`` zip of versioned JSON metadata and the saved tensors.
+
+The writer reads a Trace's public fields and imports nothing from ``trace.py``, so the Trace can
+save itself without a circle; ``storage.py`` reads the files back into Trace objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+FORMAT = "torchlens-trace"
+
+
+def _meta_of(trace: Any, schema_version: int) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "schema_version": schema_version,
+        "ops": [op.row() for op in trace.ops],
+        "modules": [m.row() for m in trace.modules.values()],
+        "params": trace.params,
+        "buffers": trace.buffers,
+        "output_structure": trace.output_structure,
+        "meta": trace.meta,
+        "provenance": trace.provenance,
+        "annotations": trace.annotations,
+    }
+
+
+def save_trace(trace: Any, path: str | os.PathLike, schema_version: int) -> None:
+    """Write ``trace`` to ``path`` atomically (a temp file renamed into place)."""
+    tensors: dict[str, Any] = {}
+    for op in trace.ops:
+        if op.saved:
+            value = op._value
+            if isinstance(value, tuple):
+                for j, t in enumerate(value):
+                    tensors[f"{op.index}.{j}"] = t
+            else:
+                tensors[str(op.index)] = value
+    payload = {"format": FORMAT, "meta_json": json.dumps(_meta_of(trace, schema_version)),
+               "tensors": tensors,
+               "tuple_ops": [op.index for op in trace.ops if op.saved
+                             and isinstance(op._value, tuple)]}
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
