@@ -57,6 +57,8 @@ CODES: dict[str, str] = {
     "draw_option_invalid": "a drawing keyword is unknown or has a value it cannot take",
     "graphviz_not_found": "Graphviz's dot program is not installed, so no PDF/SVG/PNG layout",
     "render_failed": "a renderer could not turn the drawing source into the requested format",
+    "drawing_too_large": "a static drawing too large for dot to lay out in seconds (refused "
+                         "before layout)",
 }
 
 
