@@ -198,7 +198,11 @@ class _Page:
 
     def _group(self, rep: str) -> dict[str, Any]:
         b = self.b
-        node = b._call_node("page", rep, None)
+        parent = b.full.calls[rep].parent
+        while parent is not None and is_synthetic(parent):
+            parent = b.full.calls[parent].parent
+        cluster = f"cluster:{parent}" if parent is not None else None  # names relative to it
+        node = b._call_node("page", rep, cluster)
         members = b.remap.members[rep]
         calls = [b.full.calls[m] for m in members]
         flops = [op.flops for c in calls for op in (b.by_label[x] for x in c.ops)
@@ -206,7 +210,7 @@ class _Page:
         return {
             "kind": b.remap.kind[rep], "rep": self.call_ids[rep], "count": len(members),
             "members": [self.call_ids[m] for m in members],
-            "title": node.title, "lines": node.lines, "cluster": b._call_title(rep),
+            "title": node.title, "lines": node.lines, "cluster": b._call_title(rep, cluster),
             "params": node.params, "flops": sum(flops) if flops else None,
             "time_ns": sum(b.by_label[x].time_ns for c in calls for x in c.ops),
             "bytes": sum(b.by_label[x].nbytes for c in calls for x in c.ops),
