@@ -26,7 +26,8 @@ def chromium_path() -> str:
 class Viewer:
     """One opened page: its console errors, blocked requests, and helpers the tests share."""
 
-    def __init__(self, browser, path: Path, *, width: int = 1400, height: int = 900):
+    def __init__(self, browser, path: Path, *, width: int = 1400, height: int = 900,
+                 wait: bool = True):
         self.context = browser.new_context(offline=True,
                                            viewport={"width": width, "height": height})
         self.errors: list[str] = []
@@ -37,7 +38,8 @@ class Viewer:
                      else None)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.goto(path.resolve().as_uri())
-        self.page.wait_for_selector("body[data-ready='1']", timeout=20_000)
+        if wait:  # the viewer marks its body once the first view is drawn
+            self.page.wait_for_selector("body[data-ready='1']", timeout=20_000)
 
     def _route(self, route) -> None:
         url = route.request.url

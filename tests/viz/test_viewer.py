@@ -93,7 +93,7 @@ def test_gpt2_folded_blocks_expand_into_their_twelve_calls(gpt2_12, tmp_path, op
     v = open_viewer(path)
     assert v.errors == []
     folded = v.page.locator("#scene g.cluster.folded")
-    assert "GPT2Block ×12" in folded.locator("text.head").inner_text()
+    assert "GPT2Block ×12" in folded.locator("text.head").text_content()
     folded.locator("text.head").click()  # collapse the fold's cluster into one box
     node = v.page.locator('#scene g.node.folded[data-title="GPT2Block ×12"]')
     assert node.count() == 1
@@ -147,7 +147,7 @@ def test_minilm_bert_declared_input_dark_theme_and_banner(tmp_path, open_viewer)
     v.page.fill("#search", "BertSelfAttention")
     v.page.press("#search", "Enter")
     assert v.page.locator("#scene .current").count() == 1
-    assert v.page.locator("#hits").inner_text().endswith("of 6")
+    assert v.page.locator("#hits").inner_text() == "1 of 6"  # the six layers' attention
     v.shot("minilm-dark-searched")
 
 
@@ -159,9 +159,9 @@ def test_notebook_iframe_renders_the_page(residual, tmp_path, open_viewer, monke
     assert drawing.path is None  # a notebook writes nothing
     host = tmp_path / "notebook.html"
     host.write_text("<!DOCTYPE html><body>" + drawing._repr_html_() + "</body>", "utf-8")
-    v = open_viewer(host)
-    frame = v.page.frame_locator("iframe")
-    frame.locator("body[data-ready='1']").wait_for(timeout=20_000)
+    v = open_viewer(host, wait=False)
+    frame = v.page.frames[1]
+    frame.wait_for_function("document.body.dataset.ready === '1'", timeout=20_000)
     assert frame.locator("#scene g.node").count() > 3
     assert v.errors == [] and v.blocked == []
 
@@ -173,7 +173,7 @@ def test_synthetic_loop_model_folds_and_expands(tmp_path, open_viewer):
     path = trace.draw(collapse="auto", path=tmp_path / "loop.html").path
     v = open_viewer(path)
     assert v.nodes() <= 40
-    heads = v.page.locator("#scene g.cluster text.head").all_inner_texts()
+    heads = v.page.locator("#scene g.cluster text.head").all_text_contents()
     assert any("Loop ×120" in h for h in heads)
     v.page.click("#expand-all")
     assert v.nodes() >= len(trace.ops) - 5  # unfolded: (nearly) every op its own box

@@ -11,15 +11,17 @@ from __future__ import annotations
 import html
 import json
 import re
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 
 from torchlens.viz import Renderer
 
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+       "img-src data: blob:")  # the page may load nothing: no network, no other file
 DAGRE = "dagre-3.1.3.min.js"  # @dagrejs/dagre 3.1.3 from npm, MIT (assets/dagre-3.1.3.LICENSE)
 
 
-@lru_cache(maxsize=None)
+@cache
 def asset(name: str) -> str:
     """The text of one file in ``torchlens_viz/assets``."""
     return resources.files("torchlens_viz").joinpath("assets", name).read_text(encoding="utf-8")
@@ -43,7 +45,7 @@ class HtmlRenderer(Renderer):
         parts = {
             "title": html.escape(view.title), "background": view.theme.background,
             "style": asset("viewer.css"), "dagre": asset(DAGRE), "viewer": asset("viewer.js"),
-            "data": inline_json(view.data),
+            "data": inline_json(view.data), "csp": CSP,
             "license": "@dagrejs/dagre 3.1.3, MIT licence, Copyright (c) 2012-2014 Chris Pettitt",
         }  # one pass over the template: nothing inserted is scanned again
         return re.sub(r"\{(\w+)\}", lambda m: parts[m.group(1)], PAGE)
@@ -54,7 +56,7 @@ PAGE = """<!DOCTYPE html>
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
 <title>{title} · TorchLens</title>
 <style>{style}</style>
 </head>

@@ -11,10 +11,15 @@ from typing import Any
 from ..errors import TorchLensError
 from . import output
 from .build import build_view
-from .drawing import Drawing
 from .cost import check_size
+from .drawing import Drawing
 from .options import (
-    DEFAULT_MAX_NODES, DIALS, DrawOptionError, DrawOptions, check_options, check_unknown,
+    DEFAULT_MAX_NODES,
+    DIALS,
+    DrawOptionError,
+    DrawOptions,
+    check_options,
+    check_unknown,
 )
 from .page import build_page
 from .renderers import available_renderers, choose_renderer, renderer_formats

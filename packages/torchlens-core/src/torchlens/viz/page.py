@@ -46,8 +46,10 @@ def build_page(trace: Any, opts: DrawOptions) -> PageModel:
     """The whole interactive view model of ``trace``; ``opts`` sets its starting state."""
     b = _Builder(trace, opts)
     segment = min(SEGMENT, opts.node_budget) if opts.collapse == "auto" else SEGMENT
-    b.prepare(fold=True, roll=True, loops=True, segment=segment)
-    expanded = expanded_calls(b.structure, opts.collapse, opts.node_budget)
+    b.prepare(fold=True, roll=True, loops=opts.fold, segment=segment)
+    # auto measures the folded tree it will draw; the other modes name calls of the whole tree
+    tree = b.structure if opts.collapse == "auto" else b.full
+    expanded = expanded_calls(tree, opts.collapse, opts.node_budget)
     return _Page(b).model(expanded)
 
 

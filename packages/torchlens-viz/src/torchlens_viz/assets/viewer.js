@@ -310,10 +310,9 @@
   }
 
   // ---- search --------------------------------------------------------------------------------
-  function typeOf(i) {
-    const s = O.stack[i];
-    for (let k = s.length - 1; k >= 0; k--) if (C[s[k]].kind === "module") return C[s[k]].type;
-    return "";
+  function typeOf(i) { // the class of the module this op is all of (conv2d_3 is a Conv2d)
+    const s = O.stack[i], c = s[s.length - 1];
+    return c !== undefined && C[c].atomic ? C[c].type : "";
   }
   function search(q) {
     q = q.trim().toLowerCase();
