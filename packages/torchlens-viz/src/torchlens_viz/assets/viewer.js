@@ -7,7 +7,7 @@
   const D = JSON.parse(document.getElementById("torchlens-data").textContent);
   const O = D.ops, C = D.calls, G = D.groups, T = D.theme;
   const N = O.label.length;
-  const PAD = 10, HEAD = 18, NS = "http://www.w3.org/2000/svg";
+  const PAD = 10, HEAD = 18, FAN = 3, NS = "http://www.w3.org/2000/svg";
   const S = {
     expanded: new Set(D.start.expanded), unfolded: new Set(D.start.unfolded),
     rolled: D.start.rolled, colorBy: "", selected: null, pinned: false, hits: [], hit: -1,
@@ -153,39 +153,55 @@
   function size(node) {
     let w = textWidth(node.title, BOLD);
     for (const line of node.lines) w = Math.max(w, textWidth(line, SMALL));
-    node.w = Math.ceil(w) + 16;
+    node.w = q8(w + 16);
     node.h = 20 + 12 * node.lines.length;
   }
 
-  function signature(cl) {
-    return cl.id + "(" + cl.kids.map((k) => (k.kind === "cluster" ? signature(k) + k.title
-      : k.id + "|" + k.title)).join(",") + ")";
-  }
+  const q8 = (v) => Math.ceil(v / 8) * 8; // sizes on a grid, so identical blocks share layouts
 
   function layout(cl) {
     for (const k of cl.kids) (k.kind === "cluster" ? layout : size)(k);
-    const sig = signature(cl);
+    const index = new Map(cl.kids.map((k, i) => [k.id, i]));
+    const pairs = [], fan = new Map(); // a tensor read all over (a mask fed to every block)
+    for (const key of cl.ledges || []) { // ranks nothing: lay out only its first few edges,
+      const [t, h] = key.split(">"); // so long edges cannot flood the layout with bends
+      const n = (fan.get(t) || 0) + 1;
+      fan.set(t, n);
+      if (n <= FAN) pairs.push(index.get(t) + ">" + index.get(h));
+    }
+    // what the layout depends on, and nothing else: kid sizes (and insides), edges by position
+    const sig = cl.kids.map((k) => k.w + "x" + k.h + (k.sig ? "[" + k.sig + "]" : "")).join(",") +
+      "|" + pairs.join(",");
     let done = layoutCache.get(sig);
     if (!done) {
       const g = new dagre.graphlib.Graph();
       g.setGraph({ rankdir: D.direction, nodesep: 16, ranksep: 24, marginx: 0, marginy: 0 });
       g.setDefaultEdgeLabel(() => ({}));
-      for (const k of cl.kids) g.setNode(k.id, { width: k.w, height: k.h });
-      for (const key of cl.ledges || []) {
-        const [t, h] = key.split(">");
-        g.setEdge(t, h);
-      }
+      cl.kids.forEach((k, i) => g.setNode(String(i), { width: k.w, height: k.h }));
+      for (const pair of pairs) { const [t, h] = pair.split(">"); g.setEdge(t, h); }
       dagre.layout(g);
-      done = { pos: {}, points: {}, w: g.graph().width || 0, h: g.graph().height || 0 };
-      for (const k of cl.kids) { const n = g.node(k.id); done.pos[k.id] = [n.x - k.w / 2, n.y - k.h / 2]; }
+      done = { pos: [], points: {}, w: g.graph().width || 0, h: g.graph().height || 0 };
+      cl.kids.forEach((k, i) => { const n = g.node(String(i)); done.pos.push([n.x - k.w / 2, n.y - k.h / 2]); });
       for (const e of g.edges()) done.points[e.v + ">" + e.w] = g.edge(e).points;
       layoutCache.set(sig, done);
     }
     cl.lay = done;
+    cl.index = index;
+    cl.sig = sig.length < 2000 ? sig : "#" + hashOf(sig);
     const head = cl.id === "root" ? 0 : HEAD;
     const pad = cl.id === "root" ? 0 : PAD;
-    cl.w = Math.max(done.w, cl.title ? textWidth(cl.title, BOLD) : 0) + 2 * pad;
+    cl.w = q8(Math.max(done.w, cl.title ? textWidth(cl.title, BOLD) + 12 : 0) + 2 * pad);
     cl.h = done.h + 2 * pad + head;
+  }
+
+  function hashOf(text) { // short stand-in for a long signature (FNV-1a, two seeds)
+    let a = 2166136261, b = 5381;
+    for (let i = 0; i < text.length; i++) {
+      const c = text.charCodeAt(i);
+      a = Math.imul(a ^ c, 16777619);
+      b = Math.imul(b, 33) ^ c;
+    }
+    return (a >>> 0).toString(36) + (b >>> 0).toString(36) + text.length;
   }
 
   function place(cl, x, y) {
@@ -193,7 +209,7 @@
     const head = cl.id === "root" ? 0 : HEAD, pad = cl.id === "root" ? 0 : PAD;
     cl.ox = x + pad; cl.oy = y + pad + head;
     for (const k of cl.kids) {
-      const [rx, ry] = cl.lay.pos[k.id];
+      const [rx, ry] = cl.lay.pos[cl.index.get(k.id)];
       if (k.kind === "cluster") place(k, cl.ox + rx, cl.oy + ry); else { k.x = cl.ox + rx; k.y = cl.oy + ry; }
     }
   }
@@ -207,7 +223,8 @@
   }
 
   function route(e) {
-    const sc = e.scope, pts = (sc.lay.points[e.lt + ">" + e.lh] || []).map((p) => ({ x: p.x + sc.ox, y: p.y + sc.oy }));
+    const sc = e.scope, key = sc.index.get(e.lt) + ">" + sc.index.get(e.lh);
+    const pts = (sc.lay.points[key] || []).map((p) => ({ x: p.x + sc.ox, y: p.y + sc.oy }));
     const t = units.get(e.tail), h = units.get(e.head);
     if (!pts.length) pts.push(clip(t, center(h)), clip(h, center(t)));
     if (e.lt !== e.tail) pts.unshift(clip(t, pts[0]));
@@ -279,8 +296,10 @@
   function render() {
     const t0 = performance.now();
     build();
+    const t1 = performance.now();
     layout(tree);
     place(tree, 0, 0);
+    const t2 = performance.now();
     const nodes = [...units.values()].filter((u) => u.kind === "node");
     const sc = S.colorBy ? scale(nodes) : null;
     const out = [];
@@ -297,7 +316,9 @@
     legend(sc);
     mark();
     el.count.textContent = nodes.length + " nodes";
-    window.torchlens.last_render_ms = performance.now() - t0;
+    const t3 = performance.now();
+    window.torchlens.last_render_ms = t3 - t0;
+    window.torchlens.timings = { build: t1 - t0, layout: t2 - t1, paint: t3 - t2 };
   }
 
   function legend(sc) {
