@@ -287,8 +287,9 @@
       const v = metric(n, S.colorBy);
       if (v > 0) fill = ramp(sc.hi > sc.lo ? (Math.log10(v) - sc.lo) / (sc.hi - sc.lo) : 1);
     }
+    const [r, g, b] = hex(fill), dark = (0.299 * r + 0.587 * g + 0.114 * b) / 255 < 0.5;
     const lines = n.lines.map((l, i) => `<text class="sub" x="${n.x + 8}" y="${n.y + 27 + 12 * i}">${esc(l)}</text>`).join("");
-    out.push(`<g class="node ${n.cls}" data-id="${n.id}" data-address="${esc(n.address)}" data-title="${esc(n.title)}">` +
+    out.push(`<g class="node ${n.cls}${dark ? " dark" : " light"}" data-id="${n.id}" data-address="${esc(n.address)}" data-title="${esc(n.title)}">` +
       `<rect x="${n.x}" y="${n.y}" width="${n.w}" height="${n.h}" rx="${n.call !== undefined ? 2 : 5}" fill="${fill}"/>` +
       `<text x="${n.x + 8}" y="${n.y + 14}" font-weight="600">${esc(n.title)}</text>${lines}</g>`);
   }
