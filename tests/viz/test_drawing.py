@@ -12,6 +12,7 @@ import torch
 import torchlens as tl
 from tests.models import CASES
 from torchlens.viz import DIALS, Drawing, draw_trace, render_drawing, validate_options
+from torchlens.viz.options import DEFAULT_MAX_NODES
 
 
 def reachable(root, limit: int = 20_000) -> list:
@@ -161,6 +162,7 @@ def test_trace_draw_signature_shows_its_dials():
                  "renderer", "max_nodes"):
         assert name in params
     assert set(DIALS) <= set(params)
+    assert params["max_nodes"].default == DEFAULT_MAX_NODES
 
 
 def test_unknown_keyword_refuses_naming_the_dials(residual):

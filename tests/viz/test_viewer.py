@@ -115,6 +115,7 @@ def test_depth_and_collapse_all_buttons(gpt2_12, tmp_path, open_viewer):
     v.page.click("#expand-all")
     assert v.nodes() > 12 * 10  # every block open, every op a box
     assert v.errors == []
+    v.shot("gpt2-expanded-all")
 
 
 def test_recurrent_passes_roll_and_unroll(recurrent, tmp_path, open_viewer):
@@ -164,6 +165,7 @@ def test_notebook_iframe_renders_the_page(residual, tmp_path, open_viewer, monke
     frame.wait_for_function("document.body.dataset.ready === '1'", timeout=20_000)
     assert frame.locator("#scene g.node").count() > 3
     assert v.errors == [] and v.blocked == []
+    v.shot("notebook-iframe")
 
 
 def test_synthetic_loop_model_folds_and_expands(tmp_path, open_viewer):
@@ -178,3 +180,4 @@ def test_synthetic_loop_model_folds_and_expands(tmp_path, open_viewer):
     v.page.click("#expand-all")
     assert v.nodes() >= len(trace.ops) - 5  # unfolded: (nearly) every op its own box
     assert v.errors == []
+    v.shot("loop-expanded")
