@@ -120,3 +120,29 @@ def test_max_nodes_is_checked_with_the_other_dials():
     with pytest.raises(tl.TorchLensError) as err:
         tl.draw(nn.Linear(2, 2), torch.ones(1, 2), max_nodes=0)
     assert err.value.code == "draw_option_invalid"
+
+
+class Heads(nn.Module):
+    """Three identical branches read the same input side by side: parallel, not a loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = [torch.relu(torch.tanh(x @ self.w) * 2) for _ in range(3)]
+        return heads[0] + heads[1] + heads[2]
+
+
+def test_parallel_copies_and_attention_are_not_taken_for_loops(gpt2_tiny):
+    view = build_view(tl.trace(Heads(), torch.randn(2, 8), save="none"), collapse="auto")
+    assert not view.clusters and all(node.kind != "module" for node in view.nodes)
+    gpt2 = build_view(gpt2_tiny, collapse="auto")  # q/k/v views side by side in attention
+    assert not any("Loop" in c.title for c in gpt2.clusters)
+
+
+def test_a_renderer_that_does_not_write_the_suffix_refuses(residual, in_tmp):
+    with pytest.raises(tl.TorchLensError) as err:
+        residual.draw(renderer="graphviz", path="g.html")
+    assert err.value.code == "draw_option_invalid"
+    assert "renderer='graphviz'" in str(err.value) and "html writes html" in str(err.value)

@@ -88,6 +88,11 @@ def _pick(opts: DrawOptions) -> tuple[str, type, str | None]:
         return (*choose_renderer(opts.renderer, opts.file_format), opts.file_format)
     if opts.file_format is not None and opts.file_format != suffix:
         raise _refuse_suffix(opts, suffix, f"disagrees with file_format={opts.file_format!r}")
+    if opts.renderer is not None:
+        name, cls = choose_renderer(opts.renderer, None)
+        if suffix not in renderer_formats(cls):
+            raise _refuse_suffix(opts, suffix, f"is not a format renderer={name!r} writes")
+        return name, cls, suffix
     try:
         return (*choose_renderer(opts.renderer, suffix), suffix)
     except DrawOptionError:

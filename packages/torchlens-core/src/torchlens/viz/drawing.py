@@ -140,6 +140,8 @@ class Drawing:
     def __repr__(self) -> str:
         nodes, edges = self.stats.get("nodes"), self.stats.get("edges")
         size = f", {nodes} nodes, {edges} edges" if nodes is not None else ""
+        if nodes is None and "ops" in self.stats:  # an interactive page: it holds every op
+            size = f", {self.stats['ops']} ops"
         where = f"written to {self.path}" if self.path else (
             f"{len(self.data):,} bytes in memory" if self.data is not None else "source only")
         receipt = ", with receipt" if self.receipt is not None else ""
