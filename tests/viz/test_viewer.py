@@ -181,3 +181,20 @@ def test_synthetic_loop_model_folds_and_expands(tmp_path, open_viewer):
     assert v.nodes() >= len(trace.ops) - 5  # unfolded: (nearly) every op its own box
     assert v.errors == []
     v.shot("loop-expanded")
+
+
+@pytest.mark.parametrize("collapse", ["auto", "none", "modules", 1])
+@pytest.mark.parametrize("name", ["resnet18_trace", "gpt2_tiny"])
+def test_first_view_is_the_static_drawing(name, collapse, request, tmp_path, open_viewer):
+    """One view model: the page opens on exactly the boxes and clusters the static drawing has."""
+    from torchlens.viz import build_view
+
+    trace = request.getfixturevalue(name)
+    view = build_view(trace, collapse=collapse)
+    v = open_viewer(trace.draw(collapse=collapse, path=tmp_path / "p.html").path)
+    titles = v.page.locator("#scene g.node").evaluate_all("els => els.map(e => e.dataset.title)")
+    assert len(titles) == len(view.nodes)
+    assert v.page.locator("#scene g.cluster").count() == len(view.clusters)
+    ops = {node.title for node in view.nodes if node.kind in ("input", "op", "output")}
+    assert ops <= set(titles)  # the same op boxes, by label
+    assert v.errors == []
