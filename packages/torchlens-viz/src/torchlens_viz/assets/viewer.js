@@ -224,6 +224,7 @@
 
   function route(e) {
     const sc = e.scope, key = sc.index.get(e.lt) + ">" + sc.index.get(e.lh);
+    e.far = !sc.lay.points[key]; // one of a hub's many edges, left out of the layout
     const pts = (sc.lay.points[key] || []).map((p) => ({ x: p.x + sc.ox, y: p.y + sc.oy }));
     const t = units.get(e.tail), h = units.get(e.head);
     if (!pts.length) pts.push(clip(t, center(h)), clip(h, center(t)));
@@ -308,8 +309,8 @@
     out.push(`<g class="edges${S.labels ? "" : " nolabels"}">`);
     for (const e of edges) {
       const pts = route(e), mid = pts[Math.floor(pts.length / 2)];
-      out.push(`<g class="edge"><path d="${pathOf(pts)}" marker-end="url(#arrow)"/>` +
-        (e.label ? `<text x="${mid.x + 4}" y="${mid.y}">${esc(e.label)}</text>` : "") + "</g>");
+      out.push(`<g class="edge${e.far ? " far" : ""}"><path d="${pathOf(pts)}"${e.far ? "" : ' marker-end="url(#arrow)"'}/>` +
+        (e.label && !e.far ? `<text x="${mid.x + 4}" y="${mid.y}">${esc(e.label)}</text>` : "") + "</g>");
     }
     out.push("</g>");
     for (const n of nodes) paintNode(n, sc, out);
