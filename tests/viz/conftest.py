@@ -84,3 +84,43 @@ def in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(output, "in_notebook", lambda: False)
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """One headless Chromium for the whole session (Debian's, driven by Playwright)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.viz.browser import CHROMIUM_ARGS, chromium_path
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def open_viewer(chromium):
+    """Open an html drawing in a fresh offline page: ``open_viewer(path) -> Viewer``."""
+    from tests.viz.browser import Viewer
+
+    opened = []
+
+    def _open(path, **size):
+        viewer = Viewer(chromium, path, **size)
+        opened.append(viewer)
+        return viewer
+
+    yield _open
+    for viewer in opened:
+        viewer.close()
+
+
+@pytest.fixture(scope="session")
+def resnet18_trace() -> tl.Trace:
+    """torchvision's resnet18 (random weights), 1×3×224×224, metadata only."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    return tl.trace(model, torch.randn(1, 3, 224, 224), save="none")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import inspect
 import weakref
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 
 import torchlens as tl
 from tests.models import CASES
-from torchlens.viz import Drawing, draw_trace, render_drawing, validate_options
+from torchlens.viz import DIALS, Drawing, draw_trace, render_drawing, validate_options
+from torchlens.viz.options import DEFAULT_MAX_NODES
 
 
 def reachable(root, limit: int = 20_000) -> list:
@@ -120,7 +122,47 @@ def test_every_file_format(residual, in_tmp, fmt, magic):
 def test_path_suffix_picks_the_format(residual, in_tmp):
     assert residual.draw(path="g.svg").file_format == "svg"
     assert residual.draw(path="g.png").data.startswith(b"\x89PNG")
-    assert residual.draw(path="g.unknownext").file_format == "pdf"
+    page = residual.draw(path="g.html")
+    assert page.renderer == "html" and page.file_format == "html"
+    assert (in_tmp / "g.html").read_bytes().startswith(b"<!DOCTYPE html>")
+
+
+@pytest.mark.parametrize("options", [{"path": "g.unknownext"},
+                                     {"path": "g.html", "file_format": "pdf"},
+                                     {"path": "g.svg", "file_format": "png"}])
+def test_suffix_no_renderer_writes_or_disagreeing_refuses(residual, in_tmp, options):
+    with pytest.raises(tl.TorchLensError) as err:
+        residual.draw(**options)
+    assert err.value.code == "draw_option_invalid"
+    assert "graphviz writes dot, pdf, svg, png" in str(err.value)
+    assert "html writes html" in str(err.value)
+    assert not list(in_tmp.iterdir())
+
+
+def test_tl_draw_refuses_a_bad_suffix_before_any_forward(in_tmp):
+    calls = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            calls.append(1)
+            return x * 2
+
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.draw(Probe(), torch.ones(2), path="graph.xyz")
+    assert err.value.code == "draw_option_invalid" and calls == []
+    drawing = tl.draw(Probe(), torch.ones(2), path="graph.html")
+    assert drawing.file_format == "html" and calls == [1]
+    assert (in_tmp / "graph.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_trace_draw_signature_shows_its_dials():
+    params = inspect.signature(tl.Trace.draw).parameters
+    assert params["collapse"].default == "none" and params["theme"].default == "light"
+    for name in ("module", "depth", "path", "file_format", "open_viewer", "direction",
+                 "renderer", "max_nodes"):
+        assert name in params
+    assert set(DIALS) <= set(params)
+    assert params["max_nodes"].default == DEFAULT_MAX_NODES
 
 
 def test_unknown_keyword_refuses_naming_the_dials(residual):

@@ -72,6 +72,8 @@ CODES: dict[str, str] = {
     "meta_values_unavailable": "values were asked of a model on the meta device (shapes only)",
     "meta_op_unsupported": "a data-dependent op (nonzero, a boolean mask) has no meta kernel",
     "distributed_unavailable": "torchrun variables are set but the process group cannot start",
+    "drawing_too_large": "a static drawing too large for dot to lay out in seconds (refused "
+                         "before layout)",
 }
 
 

@@ -6,6 +6,7 @@ Plugins may put JSON-safe facts in ``op.meta`` / ``trace.meta``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -352,11 +353,25 @@ class Trace:
         them, class indices for a plain classifier's (batch, classes) scores; gold traces only."""
         return self.decode_output(k, labels).rows
 
-    def draw(self, **options: Any):
-        """Render the graph through a renderer plugin (``collapse="none"`` by default here)."""
+    def draw(self, *, collapse: str | int = "none", module: str | None = None,
+             depth: int | None = None, theme: str = "light", direction: str = "TB",
+             file_format: str | None = None, path: str | os.PathLike | None = None,
+             open_viewer: bool = False, renderer: str | None = None,
+             roll_recurrent: bool = False, fold: bool | None = None,
+             node_budget: int | None = None, max_nodes: int | None = 2000, **unknown: Any):
+        """Render the graph through a renderer plugin; returns a detached ``tl.viz.Drawing``.
+
+        ``collapse="none"`` by default here ("auto", "modules" or a module depth fold it);
+        ``path="g.html"`` (or ``file_format="html"``) writes one interactive page. Every dial is
+        documented on ``torchlens.viz.draw_trace``; an unknown keyword refuses typed.
+        """
         from .viz import draw_trace
 
-        return draw_trace(self, **options)
+        return draw_trace(self, collapse=collapse, module=module, depth=depth, theme=theme,
+                          direction=direction, file_format=file_format, path=path,
+                          open_viewer=open_viewer, renderer=renderer,
+                          roll_recurrent=roll_recurrent, fold=fold, node_budget=node_budget,
+                          max_nodes=max_nodes, **unknown)
 
     def save(self, path) -> None:
         """Write this trace (metadata, provenance and saved activations) to one file."""

@@ -1,3 +1,6 @@
-"""torchlens-viz: the Graphviz renderer for TorchLens drawings (entry-point group `torchlens`)."""
+"""torchlens-viz: the Graphviz and html renderers for TorchLens drawings.
+
+Registered through the entry-point group `torchlens` (see `plugin.py`).
+"""
 
 __version__ = "0.1.0"

@@ -7,7 +7,8 @@ from torchlens import hookimpl
 
 @hookimpl
 def torchlens_renderers():
-    """The graphviz renderer (imported only when drawing asks for renderers)."""
+    """The graphviz and html renderers (imported only when drawing asks for renderers)."""
+    from .html import HtmlRenderer
     from .renderer import GraphvizRenderer
 
-    return {"graphviz": GraphvizRenderer}
+    return {"graphviz": GraphvizRenderer, "html": HtmlRenderer}

@@ -23,6 +23,7 @@ class GraphvizRenderer(Renderer):
     name = "graphviz"
     source_format = "dot"
     file_formats = ("pdf", "svg", "png")
+    lays_out = True
     png_dpi = 96
 
     def build_source(self, view: GraphView) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import LookupFailed
 from .collapse import Remap, Structure, expanded_calls, fold_repeats, roll_passes
+from .groups import Synthetic, group_stacks, is_synthetic
 from .options import DrawOptions, check_options
 from .view import GraphView, ViewCluster, ViewEdge, ViewNode, detail_line, format_shape
 
@@ -31,37 +32,59 @@ class _Builder:
     # ---- steps -------------------------------------------------------------------------------
     def build(self) -> GraphView:
         trace, opts = self.trace, self.opts
-        self.scoped, self.stacks = self._scope()
-        prints = {op.label: self._fingerprint(op) for op in self.scoped}
-        types = {address: module.type for address, module in trace.modules.items()}
-        depths = {address: module.depth for address, module in trace.modules.items()}
-        base = self._scope_depth()
-        parents = {op.label: op.parents or () for op in self.scoped}
-        full = Structure(self.stacks, self.stacks, prints, types, depths, base)
-        self.remap = Remap()
-        if opts.fold:
-            fold_repeats(full, parents, self.remap)
-        if opts.roll_recurrent:
-            roll_passes(full, self.remap, parents, prints, self.stacks)
-        drawn = [label for label in self.stacks if label not in self.remap.alias]
-        self.structure = Structure(drawn, self.stacks, prints, types, depths, base)
+        self.prepare(fold=opts.fold, roll=opts.roll_recurrent, loops=opts.fold,
+                     segment=opts.node_budget if opts.collapse == "auto" else None)
         self.expanded = expanded_calls(self.structure, opts.collapse, opts.node_budget)
         self.unit_of: dict[str, str] = {}
-        for label in drawn:
+        for label in self.drawn:
             self.unit_of[label] = self._place(label)
         for label in self.stacks:
             if label in self.remap.alias:
                 self.unit_of[label] = self.unit_of[self.remap.resolve(label)]
         self._edges()
         self._short_ids()
-        title = trace.meta.get("model_class", "model") + (f" · {opts.module}" if opts.module
-                                                          else "")
         return GraphView(
-            title=title, nodes=list(self.nodes.values()), edges=list(self.edges.values()),
+            title=self.title(), nodes=list(self.nodes.values()), edges=list(self.edges.values()),
             clusters=list(self.clusters.values()), theme=opts.theme, direction=opts.direction,
             meta={"model_class": trace.meta.get("model_class", ""), "collapse": opts.collapse,
                   "module": opts.module, "ops": len(self.scoped), "folded": self._folds()},
         )
+
+    def title(self) -> str:
+        """The drawing's title: the model class, and the ``module=`` scope when there is one."""
+        module = self.opts.module
+        return self.trace.meta.get("model_class", "model") + (f" · {module}" if module else "")
+
+    def prepare(self, *, fold: bool, roll: bool, loops: bool, segment: int | None) -> None:
+        """Scope the ops, group loops and segments, fold and roll: the call trees to draw.
+
+        Sets ``full`` (every call), ``remap`` (what folds onto what), ``drawn`` (the ops left
+        after folding) and ``structure`` (the call tree of ``drawn``).
+        """
+        trace = self.trace
+        self.scoped, self.stacks = self._scope()
+        prints = {op.label: self._fingerprint(op) for op in self.scoped}
+        parents = {op.label: op.parents or () for op in self.scoped}
+        types = {address: module.type for address, module in trace.modules.items()}
+        self.synthetic: dict[str, Synthetic] = {}
+        if loops or segment is not None:
+            self.stacks, self.synthetic = group_stacks(list(self.stacks), self.stacks, prints,
+                                                       parents, types, loops=loops,
+                                                       segment=segment)
+        depths = {address: module.depth for address, module in trace.modules.items()}
+        base = self._scope_depth()
+        for info in self.synthetic.values():
+            types[info.address] = "Loop" if info.kind == "loop" else "Segment"
+            scope = info.scope.rpartition(":")[0] if info.scope else None
+            depths[info.address] = depths[scope] if scope else base
+        self.full = Structure(self.stacks, self.stacks, prints, types, depths, base)
+        self.remap = Remap()
+        if fold:
+            fold_repeats(self.full, parents, self.remap)
+        if roll:
+            roll_passes(self.full, self.remap, parents, prints, self.stacks)
+        self.drawn = [label for label in self.stacks if label not in self.remap.alias]
+        self.structure = Structure(self.drawn, self.stacks, prints, types, depths, base)
 
     def _fingerprint(self, op: Any) -> tuple:
         """What must match for two ops to count as the same step of a repeated block."""
@@ -167,7 +190,12 @@ class _Builder:
         kind = self.remap.kind.get(key)
         members = self.remap.members.get(key, [key])
         modules = self.trace.modules
-        if kind == "fold":
+        if is_synthetic(key):
+            title = (f"{call.type} ×{count}" if kind == "fold" else
+                     self._call_name(key, cluster) + (f" ×{count}" if count > 1 else ""))
+            lines = [self._span(key, cluster) if kind == "fold" else call.type]
+            params = sum(self._op_params(op) for m in members for op in self.full.calls[m].ops)
+        elif kind == "fold":
             title, lines = f"{call.type} ×{count}", [self._span(key, cluster)]
             params = sum(modules[m.rpartition(":")[0]].num_params for m in members)
         else:
@@ -186,6 +214,11 @@ class _Builder:
         the address of the one copy that stands for all of them.
         """
         call = self.structure.calls[key]
+        if is_synthetic(key):
+            ops = self.synthetic[key].ops
+            if self.synthetic[key].kind == "loop":
+                return f"step {call.pass_num}: {ops[0]} … {ops[-1]}"
+            return f"{ops[0]} … {ops[-1]}"
         passes = len(self.trace.modules[call.address].calls)
         name = key if passes > 1 and self.remap.kind.get(key) != "roll" else call.address
         return self._relative(name, cluster)
@@ -202,6 +235,9 @@ class _Builder:
     def _span(self, key: str, cluster: str | None = None) -> str:
         """``transformer.h.0–11`` for a fold of ``transformer.h.0`` … ``transformer.h.11``."""
         members = self.remap.members[key]
+        if is_synthetic(key):
+            ops = self.synthetic[key].ops
+            return f"{len(ops)} ops a step: {ops[0]} … {ops[-1]}"
         first = self._relative(members[0].rpartition(":")[0], cluster)
         last = self._relative(members[-1].rpartition(":")[0], cluster)
         head, _, _ = first.rpartition(".")
@@ -213,6 +249,8 @@ class _Builder:
 
         An index alone keeps the container's last name: ``downsample.0``, ``layer1.0``.
         """
+        while cluster is not None and is_synthetic(cluster.removeprefix("cluster:")):
+            cluster = self.clusters[cluster].parent if cluster in self.clusters else None
         if cluster is not None:
             prefix = self.structure.calls[cluster.removeprefix("cluster:")].address + "."
         elif self.opts.module:
@@ -227,7 +265,14 @@ class _Builder:
             return prefix[:-1].rpartition(".")[2] + "." + short
         return short
 
+    def _op_params(self, label: str) -> int:
+        """Parameters an op reads (0 for most ops)."""
+        params = self.trace.params
+        return sum(params.get(p, {}).get("numel", 0) for p in self.by_label[label].params or ())
+
     def _call_shape(self, key: str) -> Any:
+        if is_synthetic(key):
+            return self.by_label[self.synthetic[key].ops[-1]].shape
         address, _, pass_text = key.rpartition(":")
         calls = self.trace.modules[address].calls
         index = int(pass_text) - 1

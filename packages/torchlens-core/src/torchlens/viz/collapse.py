@@ -84,6 +84,8 @@ class Remap:
     of one module). members: representative key → every call it stands for, in order.
     run_of: op label → (run id, member index), so edges between folded members can be dropped.
     op_count: op label → how many rolled ops outside modules it stands for.
+    group_of: aliased op label → the representative call of its fold or roll (none for ops
+    rolled outside modules).
     """
 
     alias: dict[str, str] = field(default_factory=dict)
@@ -92,6 +94,7 @@ class Remap:
     members: dict[str, list[str]] = field(default_factory=dict)
     run_of: dict[str, tuple[int, int]] = field(default_factory=dict)
     op_count: dict[str, int] = field(default_factory=dict)
+    group_of: dict[str, str] = field(default_factory=dict)  # aliased op → its group's rep call
 
     def resolve(self, label: str) -> str:
         """The op finally drawn for ``label`` (folds and rolls may chain)."""
@@ -103,6 +106,7 @@ class Remap:
     def _map(self, structure: Structure, member: str, rep: str) -> None:
         for op, rep_op in zip(structure.calls[member].ops, structure.calls[rep].ops):
             self.alias[op] = rep_op
+            self.group_of[op] = rep
 
 
 def fold_repeats(structure: Structure, parents: Mapping[str, Sequence[str]],

@@ -60,12 +60,21 @@ class Drawing:
         return renderer.render(self.source, file_format)
 
     def _format_for(self, path: str | os.PathLike) -> str:
+        from .options import refuse
         from .renderers import renderer_formats
 
         suffix = Path(path).suffix.lstrip(".").lower()
         cls = self._renderer_class()
         known = renderer_formats(cls) if cls else ()
-        return suffix if suffix in known else self.file_format
+        if not suffix or suffix in known or cls is None:
+            return suffix if suffix in known else self.file_format
+        stem = Path(path).stem
+        raise refuse(
+            f"this {self.renderer} drawing writes {', '.join(known)}, not .{suffix} "
+            f"(a drawing keeps no trace to re-draw it with another renderer)",
+            [f'drawing.save("{stem}.{f}")' for f in known if f]
+            + [f'trace.draw(path="{stem}.{suffix}")  (or tl.draw(model, x, path=...))'],
+        )
 
     def _renderer_class(self) -> type | None:
         if self._renderer_cls is None:
@@ -101,9 +110,24 @@ class Drawing:
         except Exception:  # a display hook must not raise; repr() still says what this is
             return None
 
+    def _repr_html_(self) -> str | None:
+        """An html drawing inline: an iframe whose ``srcdoc`` is the whole page (no file)."""
+        if self.file_format != "html":
+            return None
+        import html
+
+        page = self.source if self.data is None else self.data.decode("utf-8")
+        return (f'<iframe srcdoc="{html.escape(page, quote=True)}" title="TorchLens drawing" '
+                'style="width:100%;height:640px;border:1px solid #d0d7de;border-radius:6px" '
+                'sandbox="allow-scripts allow-downloads"></iframe>')
+
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """Every representation Jupyter can show: SVG or PNG when there is one, else the source."""
+        """Every representation Jupyter can show: the page, SVG or PNG, else the source."""
         bundle: dict[str, Any] = {"text/plain": repr(self)}
+        page = self._repr_html_()
+        if page is not None:
+            bundle["text/html"] = page
+            return bundle
         svg = self._repr_svg_()
         if svg is not None:
             bundle["image/svg+xml"] = svg
@@ -116,6 +140,8 @@ class Drawing:
     def __repr__(self) -> str:
         nodes, edges = self.stats.get("nodes"), self.stats.get("edges")
         size = f", {nodes} nodes, {edges} edges" if nodes is not None else ""
+        if nodes is None and "ops" in self.stats:  # an interactive page: it holds every op
+            size = f", {self.stats['ops']} ops"
         where = f"written to {self.path}" if self.path else (
             f"{len(self.data):,} bytes in memory" if self.data is not None else "source only")
         receipt = ", with receipt" if self.receipt is not None else ""

@@ -12,11 +12,12 @@ from .themes import THEMES, Theme
 COLLAPSE_MODES = ("none", "modules", "auto")
 DIRECTIONS = ("TB", "LR", "BT", "RL")
 DEFAULT_NODE_BUDGET = 40
+DEFAULT_MAX_NODES = 2000  # the largest static drawing handed to dot (see cost.py)
 
 # Every keyword draw_trace takes, in the order the teach lists them.
 DIALS = (
     "collapse", "module", "depth", "theme", "direction", "file_format", "path", "open_viewer",
-    "renderer", "roll_recurrent", "fold", "node_budget",
+    "renderer", "roll_recurrent", "fold", "node_budget", "max_nodes",
 )
 
 
@@ -42,6 +43,7 @@ class DrawOptions:
     roll_recurrent: bool = False
     fold: bool = False
     node_budget: int = DEFAULT_NODE_BUDGET
+    max_nodes: int | None = DEFAULT_MAX_NODES
 
 
 def refuse(message: str, teach: list[str]) -> DrawOptionError:
@@ -72,7 +74,8 @@ def check_options(*, collapse: Any = "none", module: Any = None, depth: Any = No
                   theme: Any = "light", direction: Any = "TB", file_format: Any = None,
                   path: Any = None, open_viewer: Any = False, renderer: Any = None,
                   roll_recurrent: Any = False, fold: Any = None,
-                  node_budget: Any = DEFAULT_NODE_BUDGET) -> DrawOptions:
+                  node_budget: Any = DEFAULT_NODE_BUDGET,
+                  max_nodes: Any = DEFAULT_MAX_NODES) -> DrawOptions:
     """Check every dial and return them normalized; ``fold=None`` means "only for auto"."""
     if isinstance(collapse, str):
         if collapse not in COLLAPSE_MODES:
@@ -119,4 +122,5 @@ def check_options(*, collapse: Any = "none", module: Any = None, depth: Any = No
         open_viewer=open_viewer, renderer=renderer, roll_recurrent=roll_recurrent,
         fold=(collapse == "auto") if fold is None else fold,
         node_budget=_int("node_budget", node_budget, 1),
+        max_nodes=None if max_nodes is None else _int("max_nodes", max_nodes, 1),
     )

@@ -37,15 +37,23 @@ class Renderer(ABC):
 
     ``file_formats`` lists what ``render`` can produce besides the source; the first of
     ``preferred_formats`` it supports is used when nobody names a format.
+
+    ``lays_out = True`` says ``render`` runs a layout program whose time grows fast with the
+    graph (dot): drawings past ``max_nodes=`` then refuse ``drawing_too_large`` before it
+    starts. ``interactive = True`` says the renderer lays out and toggles the graph itself:
+    ``build_source`` then gets a :class:`~torchlens.viz.page.PageModel` (the whole view model,
+    every fold and call, with the starting state) instead of a one-state GraphView.
     """
 
     name: ClassVar[str] = ""
     source_format: ClassVar[str] = ""
     file_formats: ClassVar[tuple[str, ...]] = ()
+    lays_out: ClassVar[bool] = False
+    interactive: ClassVar[bool] = False
 
     @abstractmethod
     def build_source(self, view: GraphView) -> str:
-        """The renderer's source text (DOT, Mermaid, ...) for ``view``."""
+        """The renderer's source text (DOT, Mermaid, HTML ...) for ``view``."""
 
     def render(self, source: str, file_format: str) -> bytes:
         """Bytes of ``source`` drawn as ``file_format`` (one of ``file_formats``)."""
