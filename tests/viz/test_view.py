@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 import torchlens as tl
 from torchlens.viz import build_view
@@ -175,3 +176,25 @@ def test_gpt2_twelve_layers_view_is_fast_and_folded(gpt2_12):
     assert view.meta["folded"] == ["GPT2Block ×12 · transformer.h.0–11"]
     assert any(c.title == "GPT2Block ×12 · h.0–11" for c in view.clusters)
     assert len(view.nodes) <= 40
+
+
+class TwoDevices(torch.nn.Module):
+    """A model split over two devices (cpu, then meta: the second device any machine has)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        with torch.device("meta"):
+            self.b = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.b(self.a(x).to("meta"))
+
+
+def test_edges_that_cross_devices_are_named_in_the_trace_and_the_drawing():
+    trace = tl.trace(TwoDevices(), torch.rand(3, 4), save=None)
+    assert trace.device_crossings == [("linear_1", "to_1", "cpu", "meta")]
+    view = build_view(trace)
+    labels = {(view.node(e.tail).title, view.node(e.head).title): e.label for e in view.edges}
+    assert labels[("linear_1", "to_1")] == "3×4 cpu→meta"
+    assert labels[("input_1", "linear_1")] == "3×4"  # same device: the shape alone

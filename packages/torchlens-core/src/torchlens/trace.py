@@ -263,6 +263,14 @@ class Trace:
         return [op.row() for op in self.ops]
 
     @property
+    def device_crossings(self) -> list[tuple[str, str, str, str]]:
+        """Edges whose tensor changes device (a model split over devices):
+        ``(parent label, child label, from device, to device)``."""
+        return [(parent, op.label, self[parent].device, op.device) for op in self.ops
+                for parent in op.parents or () if parent in self._by_label
+                and self[parent].device and op.device and self[parent].device != op.device]
+
+    @property
     def num_params(self) -> int:
         """Parameters of the model, tied parameters counted once."""
         return sum(p["numel"] for p in self.params.values())

@@ -25,20 +25,22 @@ def _offloaded(model: nn.Module) -> set[str]:
 
 
 def meta_tensors(model: nn.Module) -> list[str]:
-    """Names of parameters and buffers on ``meta`` that no offloading hook backs with values."""
+    """Names of the parameters and buffers of a meta model: one whose every tensor is on
+    ``meta`` (tensors an offloading hook backs with values aside). Empty for any other model,
+    including one split over devices of which meta is one."""
     if not isinstance(model, nn.Module):
         return []  # the surface's own check refuses it
-    names = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
-    if not names:
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    if not tensors or not any(t.is_meta for _, t in tensors):
         return []
     managed = _offloaded(model)
-    if not managed:
-        return names
-    return [n for n in names if not any(n.startswith(f"{m}.") or not m for m in managed)]
+    own = [(n, t) for n, t in tensors
+           if not any(n.startswith(f"{m}.") or not m for m in managed)]
+    return [n for n, _ in own] if own and all(t.is_meta for _, t in own) else []
 
 
 def is_meta(model: nn.Module) -> bool:
-    """True when the model has meta parameters or buffers with no values anywhere."""
+    """True for a meta model: every parameter and buffer on meta, with no values anywhere."""
     return bool(meta_tensors(model))
 
 

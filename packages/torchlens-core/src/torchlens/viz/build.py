@@ -298,16 +298,22 @@ class _Builder:
                         continue  # the chain between folded copies is what "×N" says
                     if tail == head and (tail.startswith("call:") or parent == op.label):
                         continue
-                self._edge(tail, head, parent)
+                self._edge(tail, head, parent, op.label)
             if self.opts.module:
                 for child in op.children or ():
                     if child not in inside and child in self.by_label:
                         self._edge(head, self._boundary(child, "out"), op.label)
 
-    def _edge(self, tail: str, head: str, source_label: str) -> None:
+    def _edge(self, tail: str, head: str, source_label: str, dest_label: str | None = None
+              ) -> None:
         if (tail, head) not in self.edges:
-            shape = format_shape(self.by_label[source_label].shape)
-            self.edges[(tail, head)] = ViewEdge(tail, head, shape)
+            source = self.by_label[source_label]
+            label = format_shape(source.shape)
+            dest = self.by_label.get(dest_label) if dest_label else None
+            if dest is not None and source.device and dest.device and \
+                    source.device != dest.device:  # a model split over devices: say where
+                label = f"{label} {source.device}→{dest.device}".strip()
+            self.edges[(tail, head)] = ViewEdge(tail, head, label)
 
     def _boundary(self, label: str, side: str) -> str:
         """A node for a tensor entering (``in``) or leaving (``out``) the ``module=`` scope."""
