@@ -88,7 +88,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     _add_inputs(state, args, kwargs)
     structure = None
     _active.depth = getattr(_active, "depth", 0) + 1
-    offloaded = hooked(model)
+    offloaded = hooked(m for _, m in inv.modules)
     t0 = time.perf_counter_ns()
     try:
         with quiet_hooks(model, offloaded, state), Recorder(state):
@@ -177,15 +177,17 @@ def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str
     later pass). ``keep(key, value)`` makes what is kept of a live value (default: a detached
     copy). Returns ``{label or address: kept value}``.
     """
-    _, save_labels, save_modules = parse_save(list(save), model)
+    inv = inventory(model)
+    modules = inv.modules
+    _, save_labels, save_modules = parse_save(list(save), model, inv)
     state = CaptureState({}, {}, False, save_labels)
     state.light = {}
     if keep is not None:
         state.keep = keep
-    handles = _install_module_hooks(inventory(model).modules, state, [], save_modules)
+    handles = _install_module_hooks(modules, state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
-        with quiet_hooks(model, hooked(model), state), LightRecorder(state):
+        with quiet_hooks(model, hooked(m for _, m in modules), state), LightRecorder(state):
             model(*args, **kwargs)
     finally:
         _active.depth -= 1

@@ -7,15 +7,15 @@ it; tensors the hooks move to another device keep their edges. accelerate is nev
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from torch import Tensor, nn
 
 
-def hooked(model: nn.Module) -> list[nn.Module]:
-    """Modules that carry an accelerate hook."""
-    return [m for m in model.modules() if getattr(m, "_hf_hook", None) is not None]
+def hooked(modules: Iterable[nn.Module]) -> list[nn.Module]:
+    """Those of ``modules`` that carry an accelerate hook."""
+    return [m for m in modules if getattr(m, "_hf_hook", None) is not None]
 
 
 def _alias(state: Any, before: Any, after: Any) -> None:
