@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 import torchlens as tl
 from tests.core.scripts.record_worker import build
+from tests.launch import ROOT, child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = ["-m", "tests.core.scripts.record_worker"]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def _rows(rec) -> dict[str, torch.Tensor]:
@@ -31,7 +21,7 @@ def _rows(rec) -> dict[str, torch.Tensor]:
 
 
 def _torchrun(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+    return subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True,
                           timeout=240)
 
 
@@ -45,7 +35,7 @@ def test_a_store_killed_at_any_moment_opens_and_resumes(tmp_path):
     cmd = [sys.executable, *WORKER, "--to", str(store), "-n", str(n), "--delay", "0.05"]
     kills = 0
     for delay in (0.0, 0.013, 0.031):
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=_env())
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env())
         deadline = time.monotonic() + 60
         before = len(tl.recording.open(store)) if (store / "manifest.json").exists() else 0
         while time.monotonic() < deadline and proc.poll() is None:
@@ -63,7 +53,7 @@ def test_a_store_killed_at_any_moment_opens_and_resumes(tmp_path):
         for label in want:  # every completed row is the right row
             assert torch.equal(got[label], want[label][:len(rec)])
     assert kills >= 2
-    subprocess.run(cmd[:-2], cwd=ROOT, env=_env(), check=True, timeout=120)  # resume, no delay
+    subprocess.run(cmd[:-2], cwd=ROOT, env=child_env(), check=True, timeout=120)  # resume, no delay
     final = tl.recording.open(store)
     assert final.complete and all(torch.equal(v, want[k]) for k, v in _rows(final).items())
 

@@ -3,18 +3,16 @@ tokenizer's facts in the manifest, and the command line under torchrun (issue 14
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import torchlens as tl
 from tests.hf.conftest import CORPUS
+from tests.launch import ROOT, child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = CORPUS[:5] + ["Hi.", "A much longer prompt that needs many more tokens than the rest"]
 
 
@@ -55,25 +53,17 @@ def test_prompts_without_a_pad_token_refuse_before_storing(gpt2, tmp_path):
     assert len(rec) == 3
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def test_the_command_line_records_under_torchrun(bert_base, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n\n")
     args = ["record", str(bert_base.path), "--inputs", str(prompts), "--save",
             "encoder.layer.0", "--save", "pooler", "--no-progress"]
     single = [sys.executable, "-m", "torchlens", *args, "--to", str(tmp_path / "one")]
-    subprocess.run(single, cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=120)
+    subprocess.run(single, cwd=ROOT, env=child_env(), check=True, capture_output=True, timeout=120)
     one = tl.recording.open(tmp_path / "one")  # one rank, same threads as each rank below
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
            "2", "-m", "torchlens", *args, "--to", str(tmp_path / "two")]
-    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+    done = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("Recording store") == 1  # rank 0 alone reports

@@ -258,12 +258,7 @@ class _Builder:
             prefix += "."
         else:
             return name
-        short = name.removeprefix(prefix)
-        if short == name:
-            return name
-        if short.split(":")[0].isdigit():
-            return prefix[:-1].rpartition(".")[2] + "." + short
-        return short
+        return shorten(name, prefix)
 
     def _op_params(self, label: str) -> int:
         """Parameters an op reads (0 for most ops)."""
@@ -344,3 +339,14 @@ class _Builder:
     def _folds(self) -> list[str]:
         return [self._call_title(key) for key, kind in self.remap.kind.items()
                 if kind == "fold" and key in self.structure.calls]
+
+
+def shorten(name: str, prefix: str) -> str:
+    """``name`` relative to the enclosing box's ``prefix`` (``h.0.attn`` -> ``attn``); a bare
+    index keeps its container's name (``layers.3``)."""
+    short = name.removeprefix(prefix)
+    if short == name:
+        return name
+    if short.split(":")[0].isdigit():
+        return prefix[:-1].rpartition(".")[2] + "." + short
+    return short

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .build import _Builder
+from .build import _Builder, shorten
 from .collapse import expanded_calls
 from .groups import is_synthetic
 from .options import DrawOptions
@@ -155,13 +155,7 @@ class _Page:
             parent = b.full.calls[parent].parent
         if parent is None:
             return name
-        prefix = b.full.calls[parent].address + "."
-        short = name.removeprefix(prefix)
-        if short == name:
-            return name
-        if short.split(":")[0].isdigit():
-            return prefix[:-1].rpartition(".")[2] + "." + short
-        return short
+        return shorten(name, b.full.calls[parent].address + ".")
 
     def _call(self, key: str) -> dict[str, Any]:
         b = self.b
