@@ -235,7 +235,7 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
             _fill(model, writer, mine, prompts, save, reduce, dtype, batch_size, options, ranks,
                   bar)
         except BaseException:
-            writer.flush()  # whole inputs recorded so far are kept
+            writer.abandon()  # whole inputs recorded so far are kept
             raise
         finally:
             if bar is not None:
@@ -266,7 +266,7 @@ def _fill(model, writer: ShardWriter, mine, prompts, save, reduce, dtype, batch_
         writer.add(k * ranks.world + ranks.rank, values, [1] * count if prompts else [n_rows])
         if bar is not None:
             bar.update(count * ranks.world)
-            bar.set_postfix_str(f"{writer.part['rows'] + sum(writer.pending_rows)} rows, "
+            bar.set_postfix_str(f"{writer.rows_seen} rows, "
                                 f"{writer.bytes_written / 1e6:.1f} MB", refresh=False)
 
 

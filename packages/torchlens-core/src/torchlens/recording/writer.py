@@ -2,12 +2,14 @@
 
 A shard is renamed into place only when whole and fsynced; the rank's manifest (and, alone,
 the store's ``manifest.json``) is rewritten atomically after it. A kill at any moment leaves
-the last manifest, which names only whole shards.
+the last manifest, which names only whole shards. One shard at a time is written by a
+background thread while the next forwards run, so the disk's latency hides behind compute.
 """
 
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,10 @@ class ShardWriter:
         self.pending_rows: list[int] = []
         self.pending_bytes = 0
         self.bytes_written = sum(s.get("bytes", 0) for s in self.part["shards"])
+        self.rows_seen = self.part["rows"]
+        self._next = (len(self.part["shards"]), self.part["items"])  # next shard, next input
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchlens-shards")
+        self._inflight: Future | None = None
 
     @property
     def items_done(self) -> int:
@@ -109,6 +115,7 @@ class ShardWriter:
             self.pending.setdefault(key, []).append(rows)
             self.pending_bytes += rows.units.numel() * rows.units.element_size()
         self.pending_rows.extend(item_rows)
+        self.rows_seen += n_rows
         if self.pending_bytes >= self.shard_bytes:
             self.flush()
 
@@ -151,31 +158,46 @@ class ShardWriter:
                 if problem:
                     break
         if problem:
-            self.flush()
+            self.flush(wait=True)
             raise InputError(
                 f"input {example} changed structure: {problem}. The {self.part['rows']} rows "
                 "before it are kept in the store", code="recording_input_changed",
                 teach=["give every input the same structure (pad or bucket them alike)",
                        "tl.record(model, other_inputs, save=[...], to=OTHER_DIR)"])
 
-    def flush(self) -> None:
-        """Write the pending rows as one whole shard, then list it in the manifests."""
-        if not self.pending_rows:
-            return
-        tensors: dict[str, torch.Tensor] = {}
-        for key, parts in self.pending.items():
-            tensors[key] = torch.cat([p.units for p in parts]).contiguous()
-            if parts[0].lengths is not None:
-                lengths = torch.cat([p.lengths for p in parts]).to(torch.int64)
-                tensors[OFFSETS + key] = torch.cat(
-                    [torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-        index = len(self.part["shards"])
+    def flush(self, wait: bool = False) -> None:
+        """Hand the pending rows to the writing thread as one shard (after the shard before it
+        is listed); with ``wait``, return only once everything handed over is listed."""
+        if self.pending_rows:
+            tensors: dict[str, torch.Tensor] = {}
+            for key, parts in self.pending.items():
+                tensors[key] = torch.cat([p.units for p in parts]).contiguous()
+                if parts[0].lengths is not None:
+                    lengths = torch.cat([p.lengths for p in parts]).to(torch.int64)
+                    tensors[OFFSETS + key] = torch.cat(
+                        [torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+            index, first = self._next
+            rows = self.pending_rows
+            self._next = (index + 1, first + len(rows))
+            self.pending, self.pending_rows, self.pending_bytes = {}, [], 0
+            self._settle()
+            self._inflight = self._pool.submit(self._commit, tensors, index, first, rows)
+        if wait:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Wait for the shard being written; its error (disk full) is raised here."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
+
+    def _commit(self, tensors: dict[str, torch.Tensor], index: int, first: int,
+                rows: list[int]) -> None:
+        """In the writing thread: the shard whole on disk, then listed in the manifests."""
         name = f"r{self.rank:05d}-{index:06d}.safetensors"
         data = safetensors_bytes(tensors, metadata={"rank": str(self.rank),
                                                     "index": str(index)})
         write_atomic(self.folder / SHARDS / name, lambda tmp: tmp.write_bytes(data))
-        rows = self.pending_rows
-        first = self.part["items"]
         self.part["shards"].append({
             "file": f"{SHARDS}/{name}", "rank": self.rank, "index": index,
             "items": [first, first + len(rows)], "rows": sum(rows), "bytes": len(data),
@@ -183,14 +205,23 @@ class ShardWriter:
         self.part["items"] += len(rows)
         self.part["rows"] += sum(rows)
         self.bytes_written += len(data)
-        self.pending, self.pending_rows, self.pending_bytes = {}, [], 0
         self._write_manifests()
 
     def close(self) -> None:
-        """Flush what is pending and mark this rank complete."""
-        self.flush()
-        self.part["status"] = "complete"
-        self._write_manifests()
+        """Flush what is pending, wait for it, and mark this rank complete."""
+        try:
+            self.flush(wait=True)
+            self.part["status"] = "complete"
+            self._write_manifests()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        """After an error: keep every whole input recorded so far, then stop the thread."""
+        try:
+            self.flush(wait=True)
+        finally:
+            self._pool.shutdown(wait=True)
 
     def _write_manifests(self) -> None:
         write_json(self.folder / rank_manifest(self.rank), self.part)
