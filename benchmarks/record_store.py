@@ -30,6 +30,9 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+# 1,000 inputs of the small GPT-2 make 16 MB of rows: 8 MB shards put both runs past the first
+# shards, where the writer's memory (one shard filling, one being written) stays level
+MEMORY_SHARD = 8 << 20
 
 
 def gpt2(n_layer: int = 12, n_embd: int = 768, seed: int = 0):
@@ -155,7 +158,7 @@ def memory_child(n: int, folder: str) -> None:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     tl.record(model, batches, save=labels_for(model), to=folder, dtype=torch.bfloat16,
-              progress=False)
+              progress=False, shard_bytes=MEMORY_SHARD)
     done.set()
     sampler.join()
     peak[0] = max(peak[0], _rss())

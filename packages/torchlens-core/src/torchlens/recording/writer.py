@@ -197,6 +197,7 @@ class ShardWriter:
         name = f"r{self.rank:05d}-{index:06d}.safetensors"
         data = safetensors_bytes(tensors, metadata={"rank": str(self.rank),
                                                     "index": str(index)})
+        tensors.clear()  # the bytes hold it all now: let the tensors go before the disk write
         write_atomic(self.folder / SHARDS / name, lambda tmp: tmp.write_bytes(data))
         self.part["shards"].append({
             "file": f"{SHARDS}/{name}", "rank": self.rank, "index": index,
