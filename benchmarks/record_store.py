@@ -322,7 +322,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--memory-inputs", type=int, nargs=2, default=[1000, 10000])
-    parser.add_argument("--scale-inputs", type=int, default=64)
+    parser.add_argument("--scale-inputs", type=int, default=192)
     parser.add_argument("--read-batch", type=int, default=4096)
     parser.add_argument("--only", default="throughput,memory,scale_out,reading")
     parser.add_argument("--json", default=str(HERE / "results" / "record_store.json"))
