@@ -89,6 +89,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     structure = None
     _active.depth = getattr(_active, "depth", 0) + 1
     offloaded = hooked(m for _, m in inv.modules)
+    no_values = any(t.is_meta for _, t in inv.params + inv.buffers) and is_meta(model)
     t0 = time.perf_counter_ns()
     try:
         with quiet_hooks(model, offloaded, state), Recorder(state):
@@ -105,8 +106,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
                          provenance, partial=True)
         _report_lost(partial, lost)
         _attach_failure(exc, state, partial)
-        if (state.failure is not None or is_value_error(exc)) and any(
-                t.is_meta for _, t in inv.params + inv.buffers) and is_meta(model):
+        if no_values and (state.failure is not None or is_value_error(exc)):
             raise op_unsupported(exc, state.failure, partial) from exc
         raise
     _active.depth -= 1
@@ -120,7 +120,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
         for name, home in homes(model, offloaded).items():
             if name in result.params:
                 result.params[name]["home"] = home
-    if any(t.is_meta for _, t in inv.params + inv.buffers) and is_meta(model):
+    if no_values:
         result.meta["values"] = "meta"  # shapes and costs only: no tensor holds values
     result._objects["output_values"] = state.output_objects
     _check_selection(result, save_labels)
