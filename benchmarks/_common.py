@@ -133,3 +133,13 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+def write_results(json_path: str, res: dict[str, Any], text: str) -> None:
+    """Every figure to ``json_path``, the markdown table beside it (``.md``), and to stdout."""
+    import json
+    from pathlib import Path
+
+    Path(json_path).write_text(json.dumps(res, indent=1))
+    Path(json_path).with_suffix(".md").write_text(text)
+    print(text)

@@ -38,25 +38,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 import torchlens as tl  # noqa: E402
+from tests.models.zoo import RootLoop  # noqa: E402
 
 OPS = (100, 1_000, 2_500, 5_000, 10_000)
 GPT2_OPS_PER_LAYER, GPT2_BASE_OPS = 39, 25  # measured: ops of an n-layer narrow GPT-2 ≈ 39n+25
-
-
-class Loop(nn.Module):
-    """``h = tanh(h @ W + x[:, t] @ U)`` for every step: 5 root-level ops a step."""
-
-    def __init__(self, steps: int):
-        super().__init__()
-        self.steps = steps
-        self.w = nn.Parameter(torch.randn(16, 16) * 0.1)
-        self.u = nn.Parameter(torch.randn(4, 16))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.zeros(x.shape[0], 16)
-        for t in range(self.steps):
-            h = torch.tanh(h @ self.w + x[:, t] @ self.u)
-        return h.sum(-1)
 
 
 def gpt2(layers: int) -> tuple[nn.Module, Any]:
@@ -70,7 +55,7 @@ def gpt2(layers: int) -> tuple[nn.Module, Any]:
 
 def loop(steps: int) -> tuple[nn.Module, Any]:
     torch.manual_seed(0)
-    return Loop(steps).eval(), torch.randn(2, steps, 4)
+    return RootLoop(steps).eval(), torch.randn(2, steps, 4)
 
 
 def build(family: str, ops: int) -> tl.Trace:

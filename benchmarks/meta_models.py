@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import write_results
+
 HERE = Path(__file__).resolve().parent
 TARGETS = {"summary_s": 5.0, "draw_s": 10.0, "peak_rss_gb": 1.5}
 
@@ -117,10 +119,7 @@ def main() -> None:
 
     res = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
            "tokens": args.tokens, "runs": runs}
-    Path(args.json).write_text(json.dumps(res, indent=1))
-    text = markdown(res)
-    Path(args.json).with_suffix(".md").write_text(text)
-    print(text)
+    write_results(args.json, res, markdown(res))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import write_results
 
 HERE = Path(__file__).resolve().parent
 # 1,000 inputs of the small GPT-2 make 16 MB of rows: 8 MB shards put both runs past the first
@@ -338,10 +339,7 @@ def main() -> None:
     for part in args.only.split(","):
         print(f"... {part}", file=sys.stderr, flush=True)
         res[part] = globals()[part](args)
-    Path(args.json).write_text(json.dumps(res, indent=1))
-    text = markdown(res)
-    Path(args.json).with_suffix(".md").write_text(text)
-    print(text)
+    write_results(args.json, res, markdown(res))
 
 
 if __name__ == "__main__":

@@ -149,6 +149,23 @@ def build_residual() -> tuple[nn.Module, object]:
 
 
 # --------------------------------------------------------------------------------------------
+class RootLoop(nn.Module):
+    """A recurrent loop written at the root (a reservoir): ``h = tanh(h @ W + x[:, t] @ U)``,
+    ``steps`` × 5 ops and no submodule at all; the drawing tests and benchmark use it."""
+
+    def __init__(self, steps: int = 150):
+        super().__init__()
+        self.steps = steps
+        self.w = nn.Parameter(torch.randn(16, 16) * 0.1)
+        self.u = nn.Parameter(torch.randn(4, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.zeros(x.shape[0], 16)
+        for t in range(self.steps):
+            h = torch.tanh(h @ self.w + x[:, t] @ self.u)
+        return h.sum(-1)
+
+
 # 4. recurrent
 
 

@@ -10,24 +10,9 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from tests.models.zoo import RootLoop
 from torchlens.viz import build_view
 from torchlens.viz.cost import layout_cost
-
-
-class Reservoir(nn.Module):
-    """A recurrent loop written at the root: ``steps`` × 5 ops and no submodule at all."""
-
-    def __init__(self, steps: int = 150):
-        super().__init__()
-        self.steps = steps
-        self.w = nn.Parameter(torch.randn(16, 16) * 0.1)
-        self.u = nn.Parameter(torch.randn(4, 16))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.zeros(x.shape[0], 16)
-        for t in range(self.steps):
-            h = torch.tanh(h @ self.w + x[:, t] @ self.u)
-        return h.sum(-1)
 
 
 class Flat(nn.Module):
@@ -45,7 +30,7 @@ class Flat(nn.Module):
 
 @pytest.fixture(scope="module")
 def reservoir() -> tl.Trace:
-    return tl.trace(Reservoir(150), torch.randn(2, 150, 4), save="none")
+    return tl.trace(RootLoop(150), torch.randn(2, 150, 4), save="none")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +87,7 @@ def test_too_large_for_dot_refuses_before_layout(reservoir, in_tmp, monkeypatch)
 
 
 def test_max_nodes_none_accepts_the_wait(in_tmp):
-    trace = tl.trace(Reservoir(12), torch.randn(2, 12, 4), save="none")
+    trace = tl.trace(RootLoop(12), torch.randn(2, 12, 4), save="none")
     with pytest.raises(tl.TorchLensError) as err:
         trace.draw(collapse="none", path="a.svg", max_nodes=20)
     assert err.value.code == "drawing_too_large"

@@ -11,21 +11,12 @@ import html
 from typing import Any
 
 from .errors import TorchLensError
+from .units import human
 
 HEADERS = ("#", "Label", "Function", "Module", "Output shape", "Params", "FLOPs", "Time (ms)")
 EDGE = 15  # rows shown at each end of a trace longer than 2 * EDGE + 1 ops
 TIME_NOTE = ("Time: measured wall time of each call during this capture (capture overhead "
              "included; a first call may carry one-time setup)")
-
-
-def human(n: float | None) -> str:
-    """A count with a K/M/G/T suffix; ``--`` when unknown."""
-    if n is None:
-        return "--"
-    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{suffix}"
-    return f"{n:g}"
 
 
 def _numels(trace: Any) -> dict[str, int]:

@@ -7,18 +7,10 @@ import html
 from typing import Any
 
 from .trace import Trace
+from .units import human
 
 COLUMNS = ("layer", "type", "output_shape", "params", "params_pct", "flops", "macs", "time_ms")
 HEADERS = ("Layer (type)", "Output shape", "Params", "% params", "FLOPs", "MACs", "Time (ms)")
-
-
-def _human(n: float | None, unit: str = "") -> str:
-    if n is None:
-        return "--"
-    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{suffix}{unit}"
-    return f"{n:g}{unit}"
 
 
 def _mb(n: int) -> str:
@@ -175,7 +167,7 @@ class Summary:
         pct = "--" if row.get("op") or row["pass_num"] > 1 else f"{row['params_pct']:.1f}%"
         time_ms = "--" if row["time_ms"] is None else f"{row['time_ms']:.3f}"
         return [f"{indent}{row['layer']} ({row['type']})", _shape_text(row["output_shape"]),
-                params, pct, _human(row["flops"]), _human(row["macs"]), time_ms]
+                params, pct, human(row["flops"]), human(row["macs"]), time_ms]
 
     def __str__(self) -> str:
         cells = [list(HEADERS)] + [self._cells(r) for r in self.rows]
@@ -195,7 +187,7 @@ class Summary:
                   f"Trainable params: {t['trainable_params']:,}",
                   f"Non-trainable params: {t['frozen_params']:,}",
                   f"Buffers: {t['buffers']:,} ({_mb(t['buffer_bytes'])})",
-                  f"FLOPs: {_human(t['flops'])}  Mult-adds: {_human(t['macs'])}",
+                  f"FLOPs: {human(t['flops'])}  Mult-adds: {human(t['macs'])}",
                   f"Input size: {_mb(t['input_bytes'])}",
                   f"Forward activations: {_mb(t['activation_bytes'])}",
                   f"Params size: {_mb(t['param_bytes'])}",
@@ -240,5 +232,5 @@ class Summary:
         return (f"<div><p><b>{esc(describe_provenance(self.provenance))}</b></p>"
                 f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
                 f"<p>Total params: {t['total_params']:,} · trainable {t['trainable_params']:,}"
-                f" · FLOPs {_human(t['flops'])} · activations {_mb(t['activation_bytes'])}</p>"
+                f" · FLOPs {human(t['flops'])} · activations {_mb(t['activation_bytes'])}</p>"
                 f"<p>{esc(self._time_line())}</p><p>{esc(self._receipt_line())}</p></div>")

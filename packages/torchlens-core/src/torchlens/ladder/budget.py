@@ -29,6 +29,8 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
+from ..units import human
+
 MEMORY_FRACTION = 0.25  # of the memory available where the model lives
 MAX_FLOPS = {"cpu": 1e12, "cuda": 1e14}  # the time bound: ~a minute of CPU, seconds of GPU
 MAX_SECONDS = 120.0  # no new probe starts after this much inference time
@@ -40,8 +42,9 @@ class OverBudget(RuntimeError):
     def __init__(self, what: str, needed: float, limit: float, at: str):
         self.what, self.needed, self.limit, self.at = what, needed, limit, at
         unit = "bytes" if what == "memory" else "FLOPs"
-        super().__init__(f"needs more than its {what} budget: at least {_human(needed)} {unit} "
-                         f"(at {at}) > {_human(limit)} {unit}")
+        super().__init__(f"needs more than its {what} budget: at least "
+                         f"{human(needed, digits=1)} {unit} (at {at}) > "
+                         f"{human(limit, digits=1)} {unit}")
 
 
 @dataclass
@@ -58,13 +61,6 @@ class Precheck:
     def facts(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "peak_bytes": self.peak_bytes, "flops": self.flops,
                 "total_bytes": self.total_bytes}
-
-
-def _human(n: float) -> str:
-    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.1f}{suffix}"
-    return f"{n:g}"
 
 
 def available_memory(device: torch.device) -> tuple[int | None, str]:
@@ -256,8 +252,9 @@ def check_save_budget(provenance: dict[str, Any], save: Any) -> None:
 
     raise InputError(
         f"saving every activation of the inferred input {rows[-1]['candidate']} would keep about "
-        f"{_human(need)}B, over the {_human(limit)}B budget ({budget.get('memory_fraction', 0):.0%}"
-        f" of {budget.get('memory_source')}); nothing was recaptured",
+        f"{human(need, digits=1)}B, over the {human(limit, digits=1)}B budget "
+        f"({budget.get('memory_fraction', 0):.0%} of {budget.get('memory_source')}); nothing "
+        "was recaptured",
         code="save_over_budget",
         teach=["tl.trace(model, save=None)  # metadata only: the verified capture itself",
                "tl.trace(model, save=['<label or module>', ...])  # keep a few activations",
