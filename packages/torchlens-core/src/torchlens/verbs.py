@@ -75,13 +75,17 @@ def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, su
 
 
 def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, input_shape: Any,
-                surface: str, options: dict, probe=None, hints=None) -> Resolution:
-    """Entry checks, then the ladder: the shared first step of every surface."""
+                surface: str, options: dict, probe=None, hints=None,
+                needs_values: str | None = None) -> Resolution:
+    """Entry checks, then the ladder: the shared first step of every surface.
+    ``needs_values``: what the surface will keep that a meta model cannot have."""
     rung3 = value is ABSENT and input_shape is None and not input_kwargs
     inv = _check_entry(model, surface, rung3)
+    if needs_values:
+        refuse_values(model, surface, needs_values, inv)
     res = resolve(model, value, input_kwargs=input_kwargs, input_shape=input_shape,
                   surface=surface, options=options, probe=probe, hints=hints)
-    check_inputs(model, res.args, res.kwargs, surface)
+    check_inputs(model, res.args, res.kwargs, surface, inv)
     if res.verified is None:  # no probe ran a forward since the check
         res.inventory = inv
     return res
@@ -125,18 +129,19 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     labels / module addresses. Keeps the caller's train/eval and grad modes.
     """
     parse_save(save, model)
-    if not saves_nothing(save) or intervention_ready:
-        refuse_values(model, "trace", f"save={save!r} (activation values)" if not
-                      saves_nothing(save) else "intervention_ready=True (a state baseline)")
     if intervention_ready and pending_lazy(model):
         raise StateError(
             "intervention_ready=True needs a state baseline, but "
             f"{sorted(pending_lazy(model))[:3]} are pending lazy parameters with no bytes to "
             "witness",
             code="state_baseline_unavailable", teach=LAZY_TEACH)
+    needs_values = None
+    if not saves_nothing(save) or intervention_ready:
+        needs_values = f"save={save!r} (activation values)" if not saves_nothing(save) else \
+            "intervention_ready=True (a state baseline)"
     res = resolve_for(
         model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface="trace",
-        options=_options(tokenizer, processor, preprocess, labels),
+        needs_values=needs_values, options=_options(tokenizer, processor, preprocess, labels),
         probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"))
     if res.verified is not None:
         result = res.verified

@@ -44,9 +44,15 @@ def is_meta(model: nn.Module) -> bool:
     return bool(meta_tensors(model))
 
 
-def refuse_values(model: nn.Module, surface: str, what: str) -> None:
-    """``meta_values_unavailable`` before any forward when ``what`` needs values."""
-    names = meta_tensors(model)
+def _maybe_meta(model: nn.Module, inv: Any) -> bool:
+    """A cheap first look from an inventory already taken: no meta tensor, no meta model."""
+    return inv is None or any(t.is_meta for _, t in inv.params + inv.buffers)
+
+
+def refuse_values(model: nn.Module, surface: str, what: str, inv: Any = None) -> None:
+    """``meta_values_unavailable`` before any forward when ``what`` needs values (``inv``: the
+    model's inventory, when the caller has it)."""
+    names = meta_tensors(model) if _maybe_meta(model, inv) else []
     if not names:
         return
     raise InputError(
@@ -58,9 +64,10 @@ def refuse_values(model: nn.Module, surface: str, what: str) -> None:
                MATERIALIZE_TEACH])
 
 
-def check_inputs(model: nn.Module, args: tuple, kwargs: dict, surface: str) -> None:
+def check_inputs(model: nn.Module, args: tuple, kwargs: dict, surface: str, inv: Any = None
+                 ) -> None:
     """A real (non-meta) tensor handed to a meta model: the values would be thrown away."""
-    if not is_meta(model):
+    if not _maybe_meta(model, inv) or not is_meta(model):
         return
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor) and not value.is_meta:
