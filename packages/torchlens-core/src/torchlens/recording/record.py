@@ -194,14 +194,10 @@ def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_s
     provenance: list[dict] = []
     labels: list[str] = []
     try:
-        for _, value, count in _forwards(items, 0, batch_size, prompts):
-            res = _resolve(model, value, options)
-            _, mask = batch_rows(res.args, res.kwargs)
-            keeper = Keeper(save, reduce, dtype, mask, as_rows=False)
-            values = _capture(model, res, save, keeper)
+        for _, count, res, _, values in _captured(model, items, 0, batch_size, prompts, save,
+                                                  reduce, dtype, options, as_rows=False):
             if not batches:
                 labels = list(values)
-                _missing(values, save)
             provenance.append(res.provenance)
             batches.append(values)
             if bar is not None:
@@ -251,17 +247,26 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
     return open_store(folder)
 
 
-def _fill(model, writer: ShardWriter, mine, prompts, save, reduce, dtype, batch_size, options,
-          ranks, bar) -> None:
-    first = writer.part["rows"] == 0
-    for k, value, count in _forwards(mine, writer.items_done, batch_size, prompts):
+def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, options, *,
+              as_rows: bool) -> Iterator[tuple[int, int, Any, int, dict[str, Any]]]:
+    """One light capture a forward, after the first ``skip`` inputs: (first input's local
+    index, inputs it covered, the resolution, its rows, the kept values)."""
+    first = True
+    for k, value, count in _forwards(items, skip, batch_size, prompts):
         res = _resolve(model, value, options)
         n_rows, mask = batch_rows(res.args, res.kwargs)
-        keeper = Keeper(save, reduce, dtype, mask, as_rows=True)
-        values = _capture(model, res, save, keeper)
+        values = _capture(model, res, save, Keeper(save, reduce, dtype, mask, as_rows=as_rows))
         if first:
             _missing(values, save)
             first = False
+        yield k, count, res, n_rows, values
+
+
+def _fill(model, writer: ShardWriter, mine, prompts, save, reduce, dtype, batch_size, options,
+          ranks, bar) -> None:
+    for k, count, res, n_rows, values in _captured(model, mine, writer.items_done, batch_size,
+                                                   prompts, save, reduce, dtype, options,
+                                                   as_rows=True):
         writer.note_provenance(res.provenance, count)
         writer.add(k * ranks.world + ranks.rank, values, [1] * count if prompts else [n_rows])
         if bar is not None:
