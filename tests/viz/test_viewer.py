@@ -169,9 +169,9 @@ def test_notebook_iframe_renders_the_page(residual, tmp_path, open_viewer, monke
 
 
 def test_synthetic_loop_model_folds_and_expands(tmp_path, open_viewer):
-    from tests.viz.test_scale import Reservoir
+    from tests.models.zoo import RootLoop
 
-    trace = tl.trace(Reservoir(120), torch.randn(2, 120, 4), save="none")
+    trace = tl.trace(RootLoop(120), torch.randn(2, 120, 4), save="none")
     path = trace.draw(collapse="auto", path=tmp_path / "loop.html").path
     v = open_viewer(path)
     assert v.nodes() <= 40
