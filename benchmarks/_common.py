@@ -15,21 +15,51 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-MODELS = ("resnet18", "gpt2")
+MODELS = ("tinyops", "resnet18", "gpt2")
 SEQ_LEN = 32
 GPT2_CLASSES = ("lm", "base")
+TINY_LAYERS = 300
+
+
+class TinyOps(torch.nn.Module):
+    """A dispatch-bound stand-in for a launch-bound GPU forward: 300 x (Linear(8, 8), relu, + 1)."""
+
+    def __init__(self, n: int = TINY_LAYERS) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x)) + 1
+        return x
+
+
+class BareMode(TorchFunctionMode):
+    """The floor of a Python-level capture: calls the function and appends a tuple."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls.append((func, types))
+        return out
 
 
 def build_model(name: str, *, gpt2_class: str = "lm", n_layer: int | None = None,
                 seed: int = 0) -> tuple[torch.nn.Module, Any]:
     """The model (random init, eval mode) and its input.
 
-    The input is a tensor for resnet18 and a mapping of forward keywords ``{"input_ids": ids}`` for
-    GPT-2. GPT-2 is built from ``GPT2Config()`` defaults (12 layers, 768 wide) with
-    ``use_cache=False`` so that no tool has to pass it as a keyword.
+    The input is a tensor for tinyops (1x8) and resnet18, and a mapping of forward keywords
+    ``{"input_ids": ids}`` for GPT-2. GPT-2 is built from ``GPT2Config()`` defaults (12 layers,
+    768 wide) with ``use_cache=False`` so that no tool has to pass it as a keyword.
     """
     torch.manual_seed(seed)
+    if name == "tinyops":
+        return TinyOps().eval(), torch.randn(1, 8)
     if name == "resnet18":
         import torchvision
 
@@ -63,28 +93,74 @@ def plain_forward(model: torch.nn.Module, x: Any) -> Callable[[], Any]:
     return run
 
 
+def bare_forward(model: torch.nn.Module, x: Any) -> Callable[[], Any]:
+    """The plain forward under a fresh ``BareMode``, as a user would wrap it."""
+
+    def run() -> Any:
+        with torch.no_grad(), BareMode():
+            return call(model, x)
+
+    return run
+
+
+def bare_calls(model: torch.nn.Module, x: Any) -> int:
+    """How many torch functions ``BareMode`` sees in one forward."""
+    with torch.no_grad(), BareMode() as mode:
+        call(model, x)
+    return len(mode.calls)
+
+
+class GcClock:
+    """Time the cyclic garbage collector runs, from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self.full = 0
+        self._t0: float | None = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.seconds += time.perf_counter() - self._t0
+            self.collections += 1
+            self.full += info.get("generation") == 2
+            self._t0 = None
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        gc.callbacks.remove(self)
+
+
 def time_once(fn: Callable[[], Any]) -> float:
-    """Seconds for one call of ``fn``. Garbage from earlier calls is collected first, outside the
-    timed region; the result is dropped after the clock stops."""
-    gc.collect()
+    """Seconds for one call of ``fn`` and dropping what it returned, with no ``gc.collect()``
+    around it: freeing the result and the collections its garbage triggers are paid in the loop,
+    as in a user's loop."""
     t0 = time.perf_counter()
     result = fn()
-    elapsed = time.perf_counter() - t0
     del result
-    return elapsed
+    return time.perf_counter() - t0
 
 
 def time_rounds(methods: dict[str, Callable[[], Any]], *, runs: int, warmup: int,
-                on_error: Callable[[str, BaseException], None] | None = None
-                ) -> dict[str, list[float]]:
+                on_error: Callable[[str, BaseException], None] | None = None,
+                gc_out: dict[str, dict[str, Any]] | None = None) -> dict[str, list[float]]:
     """Time every method ``runs`` times after ``warmup`` untimed calls each.
 
     The methods are interleaved round by round (plain forward, then each tool, then the next round),
-    so slow drift from other load on the machine hits them all alike. A method that raises is
+    so slow drift from other load on the machine hits them all alike. One ``gc.collect()`` runs
+    before the warm-up, none after it. ``gc_out`` (if given) receives, per method, the collector's
+    seconds in each timed call and its count of collections (all / full). A method that raises is
     dropped from later rounds and reported through ``on_error``.
     """
     alive = dict(methods)
     samples: dict[str, list[float]] = {name: [] for name in methods}
+    gc_runs = {name: {"seconds": [], "collections": 0, "full": 0} for name in methods}
+    gc.collect()
     for name, fn in list(alive.items()):
         try:
             for _ in range(warmup):
@@ -93,24 +169,40 @@ def time_rounds(methods: dict[str, Callable[[], Any]], *, runs: int, warmup: int
             alive.pop(name)
             if on_error:
                 on_error(name, err)
-    for _ in range(runs):
-        for name, fn in list(alive.items()):
-            try:
-                samples[name].append(time_once(fn))
-            except Exception as err:
-                alive.pop(name)
-                if on_error:
-                    on_error(name, err)
+    with GcClock() as clock:
+        for _ in range(runs):
+            for name, fn in list(alive.items()):
+                before = (clock.seconds, clock.collections, clock.full)
+                try:
+                    samples[name].append(time_once(fn))
+                except Exception as err:
+                    alive.pop(name)
+                    if on_error:
+                        on_error(name, err)
+                    continue
+                g = gc_runs[name]
+                g["seconds"].append(clock.seconds - before[0])
+                g["collections"] += clock.collections - before[1]
+                g["full"] += clock.full - before[2]
+    if gc_out is not None:
+        gc_out.update(gc_runs)
     return samples
 
 
-def summarize(samples: list[float]) -> dict[str, Any]:
-    """Median, min and max in milliseconds, and the raw samples."""
+def summarize(samples: list[float], gc_run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Mean (all back-to-back calls' total / runs, collector pauses included), median, min and
+    max in milliseconds, the raw samples, and the collector's share when ``gc_run`` is given."""
     if not samples:
-        return {"median_ms": None, "min_ms": None, "max_ms": None, "runs": 0, "samples_ms": []}
+        return {"mean_ms": None, "median_ms": None, "min_ms": None, "max_ms": None, "runs": 0,
+                "samples_ms": []}
     ms = [s * 1e3 for s in samples]
-    return {"median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms),
-            "runs": len(ms), "samples_ms": [round(v, 3) for v in ms]}
+    out = {"mean_ms": statistics.fmean(ms), "median_ms": statistics.median(ms), "min_ms": min(ms),
+           "max_ms": max(ms), "runs": len(ms), "samples_ms": [round(v, 3) for v in ms]}
+    if gc_run and gc_run.get("seconds"):
+        out["gc_mean_ms"] = statistics.fmean(gc_run["seconds"]) * 1e3
+        out["gc_collections"] = gc_run["collections"]
+        out["gc_full_collections"] = gc_run["full"]
+    return out
 
 
 def cpu_model() -> str:

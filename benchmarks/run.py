@@ -1,12 +1,16 @@
 """TorchLens capture overhead, against a plain forward and against peers (``hatch run bench:run``).
 
-Everything runs on the CPU. For torchvision resnet18 (1x3x224x224) and GPT-2 (``GPT2Config()``:
-12 layers, 768 wide, random init, 32 token ids) it times, interleaved round by round, the plain
-forward under ``torch.no_grad()``, ``tl.trace(save=None)``, ``tl.trace(save="all")``, ``tl.draw``
-(when installed), torchinfo's ``summary`` and torchview's ``draw_graph``; torchlens 2.36.1 runs in
-its own process (the ``bench-peer`` env) against its own plain forward. Every figure is reported as
-a ratio to the plain forward of the process that measured it. Then GPT-2 at 2, 4, 8 and 16 layers:
-metadata-only capture time per op and metadata bytes per op.
+Everything runs on the CPU. For tinyops (300 x ``Linear(8, 8)``, relu, ``+ 1`` on 1x8: ~900
+dispatch-bound ops), torchvision resnet18 (1x3x224x224) and GPT-2 (``GPT2Config()``: 12 layers, 768
+wide, random init, 32 token ids) it times, interleaved round by round and back to back (no
+``gc.collect()`` between calls), the plain forward under ``torch.no_grad()``, a bare
+``TorchFunctionMode`` (the floor of a Python-level mode), ``tl.trace(save=None)``,
+``tl.trace(save="all")``, ``tl.record`` of 4 ops, ``tl.summary``, the pinned capture ``tl.draw``
+makes and the whole ``tl.draw``, torchinfo's ``summary`` and torchview's ``draw_graph``; torchlens
+2.36.1 runs in its own process (the ``bench-peer`` env) against its own plain forward. Every figure
+is a ratio of means to the plain forward of the process that measured it (medians shown too), and
+a time per op. Then GPT-2 at 2, 4, 8 and 16 layers: metadata-only capture time per op and metadata
+bytes per op.
 
     hatch run bench:run              # full run; writes benchmarks/results/latest.{json,md}
     hatch run bench:run --quick      # smoke test: 3 runs, no peers; writes results/quick.{json,md}
@@ -40,6 +44,8 @@ import torch  # noqa: E402
 from _common import (  # noqa: E402
     GPT2_CLASSES,
     MODELS,
+    bare_calls,
+    bare_forward,
     build_model,
     machine,
     plain_forward,
@@ -52,19 +58,29 @@ SCALING_LAYERS = (2, 4, 8, 16)
 # Method keys, in table order, with their row labels (versions are filled in at run time).
 ROWS = {
     "plain": "plain forward (no_grad)",
+    "bare": "bare TorchFunctionMode (floor)",
     "tl_meta": 'torchlens trace(save=None)',
     "tl_all": 'torchlens trace(save="all")',
-    "tl_draw": 'torchlens draw(file_format="svg")',
     "tl_record": "torchlens record(save=4 ops)",
+    "tl_summary": "torchlens summary",
+    "tl_draw_capture": "torchlens draw: capture only",
+    "tl_draw": 'torchlens draw(file_format="svg")',
     "torchinfo": "torchinfo {v} summary",
     "torchview": "torchview {v} draw_graph",
     "peer_tl": "torchlens {v} trace (all activations)",
 }
 PEERS = ("torchinfo", "torchview", "peer_tl")
 
-TARGET_META = 1.3
-TARGET_ALL = 2.0
+# (model, method, at most this many times the plain forward), all ratios of means.
+TARGET_RATIOS = (
+    ("tinyops", "tl_meta", 3.0), ("tinyops", "tl_all", 3.5), ("tinyops", "tl_record", 2.5),
+    ("resnet18", "tl_meta", 1.10), ("resnet18", "tl_all", 1.35),
+    ("gpt2", "tl_meta", 1.10), ("gpt2", "tl_all", 1.35),
+)
+TARGET_BARE = (("tinyops", "tl_meta", 1.5),)  # overhead per op at most this many times bare's
+TARGET_VS_TORCHINFO = (("resnet18", "gpt2"), ("tl_summary", "tl_draw_capture"))
 TARGET_PEER_SPEEDUP = 8.0
+TARGET_PEER_MODELS = ("resnet18", "gpt2")
 TARGET_FLAT = 0.25
 
 
@@ -76,6 +92,8 @@ def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
     """The timed callables for one model, and why any method is not timed."""
     methods: dict[str, Callable[[], Any]] = {"plain": plain_forward(model, x)}
     missing: dict[str, str] = {}
+    if "bare" not in skip:
+        methods["bare"] = bare_forward(model, x)
 
     def trace(save: Any) -> Callable[[], Any]:
         def run() -> Any:
@@ -99,6 +117,19 @@ def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
                 return tl.record(model, x, save=picked, progress=False)
 
         methods["tl_record"] = record
+
+    if "tl_summary" not in skip:
+        if hasattr(tl, "summary"):
+            methods["tl_summary"] = lambda: tl.summary(model, x)
+        else:
+            missing["tl_summary"] = "n/a (tl.summary not installed)"
+
+    if "tl_draw_capture" not in skip:
+        capture = draw_capture(model, x)
+        if capture is not None:
+            methods["tl_draw_capture"] = capture
+        else:
+            missing["tl_draw_capture"] = "n/a (torchlens.verbs.pinned_trace not installed)"
 
     if "tl_draw" not in skip:
         if hasattr(tl, "draw"):
@@ -131,12 +162,33 @@ def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
     return methods, missing
 
 
+def draw_capture(model: torch.nn.Module, x: Any) -> Callable[[], Any] | None:
+    """The pinned capture ``tl.draw(model, x)`` makes before it lays out and renders, called as
+    ``tl.draw`` calls it (a mapping of forward keywords goes positionally, as ``x``)."""
+    try:
+        from torchlens import verbs
+    except ImportError:
+        return None
+    if not hasattr(verbs, "pinned_trace"):
+        return None
+    options = (verbs._options(None, None, None) if hasattr(verbs, "_options")
+               else {"tokenizer": None, "processor": None, "preprocess": None, "labels": None})
+
+    def run() -> Any:
+        return verbs.pinned_trace(model, x, input_kwargs=None, input_shape=None, surface="draw",
+                                  options=options)
+
+    return run
+
+
 def op_counts(tl: Any, model: torch.nn.Module, x: Any) -> dict[str, int]:
-    """Nodes of a metadata-only trace (``len(trace)``) and, among them, the captured torch ops."""
+    """Nodes of a metadata-only trace (``len(trace)``), among them the captured torch ops, and
+    the calls the bare mode sees."""
     with torch.no_grad():
         tr = tl.trace(model, x, save=None)
     rows = tr.rows()
-    return {"nodes": len(tr), "ops": sum(1 for r in rows if r.get("kind") == "op") or len(tr)}
+    return {"nodes": len(tr), "ops": sum(1 for r in rows if r.get("kind") == "op") or len(tr),
+            "bare_calls": bare_calls(model, x)}
 
 
 def metadata_bytes(tl: Any, model: torch.nn.Module, x: Any) -> dict[str, int]:
@@ -243,11 +295,14 @@ def bench_models(tl: Any, args: argparse.Namespace, skip: set[str]) -> dict[str,
                 print(f"[{name}] {key} failed: {errors[key]}", flush=True)
 
             t0 = time.perf_counter()
-            samples = time_rounds(methods, runs=args.runs, warmup=args.warmup, on_error=on_error)
+            gc_runs: dict[str, Any] = {}
+            samples = time_rounds(methods, runs=args.runs, warmup=args.warmup, on_error=on_error,
+                                  gc_out=gc_runs)
+            del methods
             entry: dict[str, Any] = {"methods": {}, "missing": missing, "errors": errors}
             for key, s in samples.items():
                 if key not in errors:
-                    entry["methods"][key] = summarize(s)
+                    entry["methods"][key] = summarize(s, gc_runs.get(key))
             try:
                 entry.update(op_counts(tl, model, x))
                 entry["metadata_bytes"] = metadata_bytes(tl, model, x)
@@ -272,13 +327,16 @@ def bench_scaling(tl: Any, args: argparse.Namespace) -> dict[str, Any]:
 
         methods["tl_meta"] = meta
         samples = time_rounds(methods, runs=args.runs, warmup=args.warmup)
+        del methods, meta
         counts = op_counts(tl, model, x)
         mem = metadata_bytes(tl, model, x)
-        plain_ms = statistics.median(samples["plain"]) * 1e3
-        meta_ms = statistics.median(samples["tl_meta"]) * 1e3
+        plain_ms = statistics.fmean(samples["plain"]) * 1e3
+        meta_ms = statistics.fmean(samples["tl_meta"]) * 1e3
         ops = counts["ops"]
         rows.append({
             "n_layer": n_layer, **counts, "plain_ms": plain_ms, "meta_ms": meta_ms,
+            "plain_median_ms": statistics.median(samples["plain"]) * 1e3,
+            "meta_median_ms": statistics.median(samples["tl_meta"]) * 1e3,
             "ratio": meta_ms / plain_ms,
             "us_per_op": meta_ms * 1e3 / ops,
             "overhead_us_per_op": (meta_ms - plain_ms) * 1e3 / ops,
@@ -302,54 +360,100 @@ def bench_scaling(tl: Any, args: argparse.Namespace) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------- figures
 
 
-def ratio_table(results: dict[str, Any], peer: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """{method: {model: ratio or None}}; 2.36.1 against its own process's plain forward."""
+def ratio_table(results: dict[str, Any], peer: dict[str, Any],
+                stat: str = "mean_ms") -> dict[str, dict[str, Any]]:
+    """{method: {model: ratio or None}} of ``stat``; 2.36.1 against its own plain forward."""
     table: dict[str, dict[str, Any]] = {key: {} for key in ROWS}
     for name, entry in results.items():
         m = entry["methods"]
-        plain = m.get("plain", {}).get("median_ms")
+        plain = m.get("plain", {}).get(stat)
         for key in ROWS:
             if key == "peer_tl":
                 p = (peer.get("models") or {}).get(name, {})
-                num = (p.get("trace_all") or {}).get("median_ms")
-                den = (p.get("plain_forward") or {}).get("median_ms")
+                num = (p.get("trace_all") or {}).get(stat)
+                den = (p.get("plain_forward") or {}).get(stat)
                 table[key][name] = num / den if num and den and not p.get("error") else None
             else:
-                num = (m.get(key) or {}).get("median_ms")
+                num = (m.get(key) or {}).get(stat)
                 table[key][name] = num / plain if num and plain else None
     return table
 
 
-def abs_table(results: dict[str, Any], peer: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def abs_table(results: dict[str, Any], peer: dict[str, Any],
+              stat: str = "mean_ms") -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {key: {} for key in ROWS}
     for name, entry in results.items():
         for key in ROWS:
             if key == "peer_tl":
                 p = (peer.get("models") or {}).get(name, {})
-                table[key][name] = (p.get("trace_all") or {}).get("median_ms")
+                table[key][name] = (p.get("trace_all") or {}).get(stat)
             else:
-                table[key][name] = (entry["methods"].get(key) or {}).get("median_ms")
+                table[key][name] = (entry["methods"].get(key) or {}).get(stat)
     return table
+
+
+def per_op_table(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{model: {"ops", "methods": {method: us_per_op, overhead_us_per_op, vs_bare}}} from the
+    means: ``overhead = (method - plain) / ops``, ``vs_bare`` = overhead / the bare mode's."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in results.items():
+        ops, m = entry.get("ops"), entry["methods"]
+        plain = (m.get("plain") or {}).get("mean_ms")
+        if not ops or plain is None:
+            continue
+        bare = (m.get("bare") or {}).get("mean_ms")
+        bare_over = (bare - plain) * 1e3 / ops if bare is not None else None
+        rows: dict[str, Any] = {}
+        for key in ROWS:
+            mean = (m.get(key) or {}).get("mean_ms")
+            if mean is None:
+                continue
+            over = (mean - plain) * 1e3 / ops
+            rows[key] = {"us_per_op": mean * 1e3 / ops, "overhead_us_per_op": over,
+                         "vs_bare": over / bare_over if bare_over and bare_over > 0 else None}
+        out[name] = {"ops": ops, "bare_calls": entry.get("bare_calls"),
+                     "bare_overhead_us_per_op": bare_over, "methods": rows}
+    return out
+
+
+def tl_name(key: str) -> str:
+    """``tl.trace(save=None)`` etc.: a torchlens row's label as a call."""
+    return "tl." + ROWS[key].removeprefix("torchlens ")
 
 
 def check(value: float | None, ok: bool) -> str:
     return "n/a" if value is None else ("PASS" if ok else "MISS")
 
 
-def targets(ratios: dict[str, dict[str, Any]], scaling: dict[str, Any] | None,
-            models: list[str]) -> list[dict[str, Any]]:
+def targets(ratios: dict[str, dict[str, Any]], per_op: dict[str, dict[str, Any]],
+            scaling: dict[str, Any] | None, models: list[str]) -> list[dict[str, Any]]:
+    """Every verdict, from this run's ratios of means."""
     out = []
-    for name in models:
-        r = ratios["tl_meta"].get(name)
-        out.append({"target": f"metadata-only capture \u2264 {TARGET_META}x plain forward",
-                    "model": name, "value": r, "shown": fmt_x(r),
-                    "verdict": check(r, r is not None and r <= TARGET_META)})
-    for name in models:
-        r = ratios["tl_all"].get(name)
-        out.append({"target": f"all activations saved \u2264 {TARGET_ALL}x plain forward",
-                    "model": name, "value": r, "shown": fmt_x(r),
-                    "verdict": check(r, r is not None and r <= TARGET_ALL)})
-    for name in models:
+    for name, key, limit in TARGET_RATIOS:
+        if name in models:
+            r = ratios[key].get(name)
+            out.append({"target": f"{tl_name(key)} \u2264 {limit:.2f}x "
+                                  "plain forward", "model": name, "value": r, "shown": fmt_x(r),
+                        "verdict": check(r, r is not None and r <= limit)})
+    for name, key, limit in TARGET_BARE:
+        if name in models:
+            r = ((per_op.get(name) or {}).get("methods", {}).get(key) or {}).get("vs_bare")
+            out.append({"target": f"{tl_name(key)}: overhead per op "
+                                  f"\u2264 {limit:.2f}x the bare mode's", "model": name, "value": r,
+                        "shown": "n/a" if r is None else f"{r:.2f}x bare",
+                        "verdict": check(r, r is not None and r <= limit)})
+    names, keys = TARGET_VS_TORCHINFO
+    for key in keys:
+        for name in names:
+            if name in models:
+                ours, theirs = ratios[key].get(name), ratios["torchinfo"].get(name)
+                r = ours / theirs if ours and theirs else None
+                out.append({"target": f"{tl_name(key)} \u2264 torchinfo "
+                                      "summary (time / time)", "model": name, "value": r,
+                            "shown": fmt_x(r), "verdict": check(r, r is not None and r <= 1.0)})
+    for name in TARGET_PEER_MODELS:
+        if name not in models:
+            continue
         ours, theirs = ratios["tl_all"].get(name), ratios["peer_tl"].get(name)
         speedup = theirs / ours if ours and theirs else None
         out.append({"target": f"\u2265 {TARGET_PEER_SPEEDUP:g}x faster than torchlens 2.36.1 trace "
@@ -372,7 +476,9 @@ def fmt_x(v: float | None) -> str:
 
 
 def fmt_ms(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1f}"
+    if v is None:
+        return "n/a"
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
 
 def row_label(key: str, versions: dict[str, str]) -> str:
@@ -422,48 +528,102 @@ def machine_line(report: dict[str, Any]) -> str:
     threads = f"{m['torch_threads']} torch thread" + ("s" if m["torch_threads"] != 1 else "")
     return (f"{m['cpu']}, {m['cores']} cores ({threads}), "
             f"torch {m['torch']}, Python {m['python']}; torchlens-core {c['torchlens']}"
-            f"{' @ ' + c['git'] if c.get('git') else ''}; CPU, median of {c['runs']} runs "
-            f"({c['peer_runs']} for torchlens 2.36.1, against "
-            f"{c['peer_runs'] * c.get('peer_plain_per_round', 1)} of its plain forward); "
+            f"{' @ ' + c['git'] if c.get('git') else ''}; CPU, {c['runs']} back-to-back runs "
+            f"per method, no gc.collect() between them ({c['peer_runs']} for torchlens 2.36.1, "
+            f"against {c['peer_runs'] * c.get('peer_plain_per_round', 1)} of its plain forward); "
             f"load average "
             f"{m['load_avg_1min']['start']:.1f} -> {m['load_avg_1min']['end']:.1f}")
 
 
+def per_op_rows(report: dict[str, Any], keys: list[str], models: list[str]) -> list[list[str]]:
+    per_op, versions = report["per_op"], report["versions"]
+    rows = []
+    for k in keys:
+        if k == "peer_tl":
+            continue
+        row = [row_label(k, versions)]
+        for n in models:
+            f = (per_op.get(n) or {}).get("methods", {}).get(k)
+            if f is None:
+                row += ["n/a", "n/a"]
+                continue
+            over = "--" if k == "plain" else f"{f['overhead_us_per_op']:+.2f}"
+            if f.get("vs_bare") is not None and k not in ("plain", "bare"):
+                over += f" ({f['vs_bare']:.2f}x)"
+            row += [f"{f['us_per_op']:.2f}", over]
+        rows.append(row)
+    return rows
+
+
+def gc_rows(report: dict[str, Any], keys: list[str], models: list[str]) -> list[list[str]]:
+    rows = []
+    for k in keys:
+        cells = []
+        for n in models:
+            s = (report["models"].get(n, {}).get("methods") or {}).get(k) or {}
+            cells.append("n/a" if "gc_mean_ms" not in s else f"{s['gc_mean_ms']:.2f} "
+                         f"({s['gc_collections']}/{s['gc_full_collections']})")
+        if any(c != "n/a" for c in cells):
+            rows.append([row_label(k, report["versions"]), *cells])
+    return rows
+
+
 def render(report: dict[str, Any], markdown: bool) -> str:
     models = report["config"]["models"]
-    ratios, absolute = report["ratios"], report["absolute_ms"]
+    ratios, medians = report["ratios"], report["ratios_median"]
     why, versions = report["why_missing"], report["versions"]
     keys = [k for k in ROWS if any(ratios[k].get(n) is not None for n in models)
             or any(k in why.get(n, {}) and why[n][k] != "skipped" for n in models)]
     header = ["method", *models]
     ratio_rows = [[row_label(k, versions), *(cell_ratio(k, n, ratios, why) for n in models)]
                   for k in keys]
-    abs_rows = [[row_label(k, versions), *(fmt_ms(absolute[k].get(n)) for n in models)]
-                for k in keys]
+    median_rows = [[row_label(k, versions), *(cell_ratio(k, n, medians, why) for n in models)]
+                   for k in keys]
+    abs_rows = [[row_label(k, versions),
+                 *(fmt_ms(report["absolute_ms"][k].get(n)) for n in models)] for k in keys]
+    abs_med_rows = [[row_label(k, versions),
+                     *(fmt_ms(report["absolute_median_ms"][k].get(n)) for n in models)]
+                    for k in keys]
+    op_models = [n for n in models if n in report["per_op"]]
+    op_header = ["method"]
+    for n in op_models:
+        op_header += [f"{n} \u00b5s/op", f"{n} overhead \u00b5s/op (x bare)"]
+    op_rows = per_op_rows(report, keys, op_models)
+    ops_line = ", ".join(f"{n} {report['per_op'][n]['ops']}" for n in op_models)
     tgt_header = ["target", "model", "measured", "verdict"]
     tgt_rows = [[t["target"], t["model"], t["shown"], t["verdict"]] for t in report["targets"]]
     table = md_table if markdown else text_table
-    parts = []
-    if markdown:
-        parts += [f"Machine: {machine_line(report)}.", ""]
-        parts += ["Capture time as a ratio to the plain forward (`torch.no_grad()`) of the same "
-                  "process:", "", table(header, ratio_rows), "", table(tgt_header, tgt_rows)]
-    else:
-        parts += [f"Machine: {machine_line(report)}", "",
-                  "Ratio to the plain forward of the same process (median):",
-                  table(header, ratio_rows), "",
-                  "Absolute median ms (torchlens 2.36.1 measured in its own process):",
-                  table(header, abs_rows), "", "Targets:", table(tgt_header, tgt_rows)]
+    mean_note = ("mean of the back-to-back calls (their total time / runs, collector pauses "
+                 "included); the targets use these")
+    parts = [f"Machine: {machine_line(report)}" + ("." if markdown else ""), ""]
+    parts += [f"Ratio to the plain forward (`torch.no_grad()`) of the same process, {mean_note}:",
+              "", table(header, ratio_rows), "",
+              "The same as a ratio of medians (hides the collector's rare large pauses):", "",
+              table(header, median_rows), ""]
+    if not markdown:
+        parts += ["Absolute mean ms (torchlens 2.36.1 measured in its own process):",
+                  table(header, abs_rows), "", "Absolute median ms:", table(header, abs_med_rows),
+                  ""]
+    if op_rows:
+        parts += [f"Per op, from the means (ops: {ops_line}); overhead = (method - plain) / ops, "
+                  "and in brackets that overhead over the bare TorchFunctionMode's:", "",
+                  table(op_header, op_rows), ""]
+    parts += ["Targets (every verdict from this run's means):", "", table(tgt_header, tgt_rows)]
+    g_rows = gc_rows(report, keys, models)
+    if g_rows:
+        parts += ["", "Cyclic collector inside the timed calls: ms per call (collections / of "
+                      f"them full, over {report['config']['runs']} runs):", "",
+                  table(header, g_rows)]
     sc = report.get("scaling")
     if sc:
         sc_header = ["GPT-2 layers", "ops", "plain ms", "capture ms (save=None)", "ratio",
-                     "us / op", "vs mean", "overhead us / op", "metadata B / op"]
+                     "\u00b5s / op", "vs mean", "overhead \u00b5s / op", "metadata B / op"]
         sc_rows = [[str(r["n_layer"]), str(r["ops"]), f"{r['plain_ms']:.1f}",
                     f"{r['meta_ms']:.1f}", fmt_x(r["ratio"]), f"{r['us_per_op']:.1f}",
                     f"{r['dev_from_mean']:+.0%}", f"{r['overhead_us_per_op']:.1f}",
                     f"{r['bytes_per_op']:,.0f}"] for r in sc["rows"]]
-        parts += ["", f"Scaling ({sc['model']}, {sc['seq_len']} tokens, metadata-only capture; "
-                      f"mean {sc['mean_us_per_op']:.1f} us/op, flat within "
+        parts += ["", f"Scaling ({sc['model']}, {sc['seq_len']} tokens, metadata-only capture, "
+                      f"means; {sc['mean_us_per_op']:.1f} \u00b5s/op on average, flat within "
                       f"\u00b1{TARGET_FLAT:.0%}: {'yes' if sc['flat'] else 'no'}):", "",
                   table(sc_header, sc_rows)]
     mem_rows = [[n, str(e.get("ops", "?")), f"{e['metadata_bytes']['retained'] / e['ops']:,.0f}",
@@ -579,12 +739,17 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions,
         "models": results,
         "peer": peer,
+        "stat": "ratios, targets and per-op figures use mean_ms (total of the back-to-back calls "
+                "/ runs); ratios_median and absolute_median_ms use the median",
         "ratios": ratios,
+        "ratios_median": ratio_table(results, peer, "median_ms"),
         "absolute_ms": abs_table(results, peer),
+        "absolute_median_ms": abs_table(results, peer, "median_ms"),
+        "per_op": per_op_table(results),
         "why_missing": reasons(results, peer, skip),
         "scaling": scaling,
     }
-    report["targets"] = targets(ratios, scaling, args.models)
+    report["targets"] = targets(ratios, report["per_op"], scaling, args.models)
     report["elapsed_s"] = time.perf_counter() - started
     report["machine"]["load_avg_1min"] = {"start": load_start, "end": os.getloadavg()[0]}
 

@@ -202,9 +202,14 @@ class Summary:
         timing = self.trace.meta.get("timing") or {}
         what = "Time (ms): wall time of each call in the one captured forward, capture overhead " \
                "included"
+        if "cuda" in self.trace.meta.get("op_time", "").lower():
+            what += " (on CUDA: host launch time, not kernel time)"
         if timing.get("warmup_forwards"):
             return f"{what}; measured after one uncaptured warm-up forward (one-time setup " \
                    "excluded)"
+        if timing.get("warm"):
+            return f"{what}; measured after an earlier warm-up of this model on inputs of this " \
+                   "shape (one-time setup excluded)"
         return f"{what}; {timing.get('note', 'no warm-up: the first calls include one-time setup')}"
 
     def _receipt_line(self) -> str:

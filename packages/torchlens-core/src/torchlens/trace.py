@@ -7,7 +7,7 @@ Plugins may put JSON-safe facts in ``op.meta`` / ``trace.meta``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -79,7 +79,7 @@ class Op:
                 ],
             )
         if self._trace is not None:
-            self._trace._on_value_read()
+            self._trace.on_value_read()
         return self._value
 
     def row(self) -> dict[str, Any]:
@@ -100,15 +100,15 @@ class ModuleCall:
     """One call of a submodule: its ops and the ops that produced its output."""
 
     __slots__ = ("address", "pass_num", "type", "ops", "output_ops", "time_ns", "positions",
-                 "_trace")
+                 "_by_label")
 
-    def __init__(self, address, pass_num, type, ops, output_ops, time_ns, trace=None,
+    def __init__(self, address, pass_num, type, ops, output_ops, time_ns, by_label=None,
                  positions=None):
         self.address, self.pass_num, self.type = address, pass_num, type
         self.ops, self.output_ops, self.time_ns = ops, output_ops, time_ns
         # which tensor of each output op's result (an LSTM returns several from one op)
         self.positions = positions if positions is not None else [0] * len(output_ops)
-        self._trace = trace
+        self._by_label = by_label  # the trace's label index: no reference back to the trace
 
     @property
     def label(self) -> str:
@@ -119,7 +119,7 @@ class ModuleCall:
         """The saved output of this call (a tensor, or a tuple when it returned several)."""
         values = []
         for label, position in zip(self.output_ops, self.positions):
-            value = self._trace[label].out
+            value = self._by_label[label].out
             values.append(value[position] if isinstance(value, tuple) else value)
         if not values:
             raise TorchLensError(
@@ -139,11 +139,11 @@ class ModuleCall:
 class Module:
     """A submodule of the traced model with every call it made during the forward."""
 
-    __slots__ = ("address", "type", "depth", "num_params", "calls", "_trace")
+    __slots__ = ("address", "type", "depth", "num_params", "calls")
 
-    def __init__(self, address, type, depth, num_params, calls, trace=None):
+    def __init__(self, address, type, depth, num_params, calls):
         self.address, self.type, self.depth = address, type, depth
-        self.num_params, self.calls, self._trace = num_params, calls, trace
+        self.num_params, self.calls = num_params, calls
 
     @property
     def out(self) -> Any:
@@ -170,32 +170,89 @@ class Trace:
 
     def __init__(self, ops, modules, params, buffers, output_structure, meta, provenance=None,
                  annotations=None):
-        self.ops: list[Op] = ops
-        self.modules: dict[str, Module] = modules
-        self.params: dict[str, dict] = params
-        self.buffers: dict[str, dict] = buffers
+        self._pending: Callable[[], tuple] | None = None
+        self._count = len(ops)
+        self._reads = _Reads(provenance or {})
+        self._link(ops, modules, params, buffers)
         self.output_structure = output_structure
         self.meta: dict[str, Any] = meta
-        self.provenance: dict[str, Any] = provenance or {}
         self.annotations: dict[str, Any] = annotations or {"capture_advisories": []}
         self.annotations.setdefault("capture_advisories", [])
-        self._value_read_warned = False
         self.receipt = None  # set by pinned surfaces
         self._objects: dict[str, Any] = {}  # resolver objects (e.g. a tokenizer); never saved
-        self._by_label: dict[str, Op] = {}
+
+    @classmethod
+    def deferred(cls, build: Callable[[], tuple], count: int, output_structure, meta,
+                 provenance=None, annotations=None) -> Trace:
+        """A trace whose ops, modules, params and buffers ``build()`` makes on first use (a
+        capture keeps raw records; the objects cost nothing until someone reads them)."""
+        trace = cls([], {}, {}, {}, output_structure, meta, provenance, annotations)
+        trace._pending, trace._count = build, count
+        return trace
+
+    def _link(self, ops, modules, params, buffers) -> None:
+        self._ops: list[Op] = ops
+        self._modules: dict[str, Module] = modules
+        self._params: dict[str, dict] = params
+        self._buffers: dict[str, dict] = buffers
+        by_label: dict[str, Op] = {}
+        reads = self._reads
         for op in ops:
-            op._trace = self
-            self._by_label[op.label] = op
+            op._trace = reads
+            by_label[op.label] = op
             if op.pass_num == 1:
-                self._by_label.setdefault(f"{op.label}:1", op)
+                by_label.setdefault(f"{op.label}:1", op)
+        self._by_label = by_label
         for module in modules.values():
-            module._trace = self
             for call in module.calls:
-                call._trace = self
+                call._by_label = by_label
+
+    def _materialize(self) -> None:
+        from .collector import paused
+
+        build, self._pending = self._pending, None
+        with paused():
+            self._link(*build())
+
+    @property
+    def ops(self) -> list[Op]:
+        """Every node in execution order."""
+        if self._pending is not None:
+            self._materialize()
+        return self._ops
+
+    @property
+    def modules(self) -> dict[str, Module]:
+        """Submodules that ran, by address."""
+        if self._pending is not None:
+            self._materialize()
+        return self._modules
+
+    @property
+    def params(self) -> dict[str, dict]:
+        """Parameters by name: shape, dtype, device, numel, nbytes, trainable, module, users."""
+        if self._pending is not None:
+            self._materialize()
+        return self._params
+
+    @property
+    def buffers(self) -> dict[str, dict]:
+        if self._pending is not None:
+            self._materialize()
+        return self._buffers
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """Where the input came from (gold, declared, synthesized) and how it was resolved."""
+        return self._reads.provenance
+
+    @provenance.setter
+    def provenance(self, value: dict[str, Any]) -> None:
+        self._reads.provenance = value or {}
 
     # ---- lookup -------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.ops)
+        return self._count if self._pending is not None else len(self._ops)
 
     def __iter__(self) -> Iterator[Op]:
         return iter(self.ops)
@@ -219,6 +276,8 @@ class Trace:
                     f"index {key} is out of range for a trace of {len(self.ops)} ops",
                     code="key_not_found", teach=["trace[0]", "trace[-1]", "len(trace)"],
                 ) from None
+        if self._pending is not None:
+            self._materialize()
         op = self._by_label.get(key)
         if op is not None:
             return op
@@ -236,7 +295,7 @@ class Trace:
             or ["[op.label for op in trace]", "list(trace.modules)"],
         )
 
-    def _close_keys(self, key: str) -> list[str]:
+    def _close_keys(self, key: str) -> list[str]:  # after __getitem__ materialized
         import difflib
 
         names = list(self._by_label) + list(self.modules)
@@ -310,31 +369,7 @@ class Trace:
 
     # ---- values and files ---------------------------------------------------------------------
     def _on_value_read(self) -> None:
-        """Called on every raw value read; the input ladder warns here for synthesized inputs.
-
-        Once per trace object: the warning bypasses the per-line registry, so two traces read on
-        one line warn twice, and the filter ``message="nongold_raw_value_read"`` still applies.
-        """
-        if self._value_read_warned or self.provenance.get("origin", "gold") == "gold":
-            return
-        self._value_read_warned = True
-        import sys
-        import warnings
-
-        from .errors import TorchLensWarning
-
-        frame = sys._getframe(1)
-        while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
-            frame = frame.f_back  # the first frame outside trace.py: the caller's read
-        warnings.warn_explicit(
-            TorchLensWarning(
-                "nongold_raw_value_read",
-                f"this trace ran on {self.provenance.get('origin')} (synthesized) input values; "
-                "activations are real measurements of a forward over random data. Pass a real "
-                "input for data-meaningful values."),
-            TorchLensWarning, frame.f_code.co_filename, frame.f_lineno,
-            module=frame.f_globals.get("__name__"), registry=None,
-            module_globals=frame.f_globals)
+        self._reads.on_value_read()
 
     def run(self, input: Any, /, *, input_kwargs: dict | None = None, **options: Any) -> Trace:
         """Trace the same model again on a new real input with this trace's capture options
@@ -386,6 +421,43 @@ class Trace:
         from .tracefile import save_trace
 
         save_trace(self, path, SCHEMA_VERSION)
+
+
+class _Reads:
+    """What an op's value read needs from its trace (the provenance, a warned-once flag), held
+    apart so that ops never point back at the trace: a dropped trace is freed at once."""
+
+    __slots__ = ("provenance", "warned")
+
+    def __init__(self, provenance: dict[str, Any]):
+        self.provenance, self.warned = provenance, False
+
+    def on_value_read(self) -> None:
+        """Called on every raw value read; the input ladder warns here for synthesized inputs.
+
+        Once per trace object: the warning bypasses the per-line registry, so two traces read on
+        one line warn twice, and the filter ``message="nongold_raw_value_read"`` still applies.
+        """
+        if self.warned or self.provenance.get("origin", "gold") == "gold":
+            return
+        self.warned = True
+        import sys
+        import warnings
+
+        from .errors import TorchLensWarning
+
+        frame = sys._getframe(1)
+        while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+            frame = frame.f_back  # the first frame outside trace.py: the caller's read
+        warnings.warn_explicit(
+            TorchLensWarning(
+                "nongold_raw_value_read",
+                f"this trace ran on {self.provenance.get('origin')} (synthesized) input values; "
+                "activations are real measurements of a forward over random data. Pass a real "
+                "input for data-meaningful values."),
+            TorchLensWarning, frame.f_code.co_filename, frame.f_lineno,
+            module=frame.f_globals.get("__name__"), registry=None,
+            module_globals=frame.f_globals)
 
 
 def _rebuild(node: Any, trace: Trace) -> Any:

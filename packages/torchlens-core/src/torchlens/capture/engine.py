@@ -6,6 +6,7 @@ whatever the forward raises, the error carries the op where it happened and the 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Mapping
@@ -15,11 +16,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._C import DisableTorchFunction
 from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.parameter import is_lazy
 
 from .. import __version__ as _tl_version
+from ..collector import paused
 from ..errors import InputError, InputTypeError, warn
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .cow import Held, storage_key
@@ -27,7 +30,7 @@ from .flops import flops_of
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
 from .offload import homes, hooked, quiet_hooks
-from .recorder import R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
+from .recorder import R_DEVICE, R_LABEL, R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
 _active = threading.local()
 
@@ -72,10 +75,14 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     ``trace._replay`` — memory-hungry, never saved. ``inv`` is the model's inventory when the
     caller took it just before.
     """
-    inv = inv or inventory(model)
+    with paused():
+        return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model))
+
+
+def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> Trace:
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     param_ids = {id(p): name for name, p in inv.params}
-    buffer_ids = {id(b): name for name, b in inv.buffers}
+    buffer_ids = {id(b): name for name, b in inv.buffers} if inv.buffers else {}
     state = CaptureState(param_ids, buffer_ids, save_all, save_labels)
     state.keep_outputs = not saves_nothing(save)
     state.model = model
@@ -89,7 +96,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     structure = None
     _active.depth = getattr(_active, "depth", 0) + 1
     offloaded = hooked(m for _, m in inv.modules)
-    no_values = any(t.is_meta for _, t in inv.params + inv.buffers) and is_meta(model)
+    no_values = inv.has_meta and is_meta(model)
     t0 = time.perf_counter_ns()
     try:
         with quiet_hooks(model, offloaded, state), Recorder(state):
@@ -103,7 +110,7 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
             h.remove()
         lost = _settle(state, inv, args, kwargs)
         partial = _build(model, inv, state, calls, None, time.perf_counter_ns() - t0, save,
-                         provenance, partial=True)
+                         provenance, is_partial=True)
         _report_lost(partial, lost)
         _attach_failure(exc, state, partial)
         if no_values and (state.failure is not None or is_value_error(exc)):
@@ -113,17 +120,13 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     for h in handles:
         h.remove()
     lost = _settle(state, inv, args, kwargs)
+    _check_selection(state.records, save_labels)
     result = _build(model, inv, state, calls, structure, time.perf_counter_ns() - t0, save,
-                    provenance)
+                    provenance, homes=homes(model, offloaded) if offloaded else None)
     _report_lost(result, lost)
-    if offloaded:
-        for name, home in homes(model, offloaded).items():
-            if name in result.params:
-                result.params[name]["home"] = home
     if no_values:
         result.meta["values"] = "meta"  # shapes and costs only: no tensor holds values
     result._objects["output_values"] = state.output_objects
-    _check_selection(result, save_labels)
     if replay:
         result._replay = {"calls": state.calls, "live": state.live, "output": out,
                           "grads": state.grads, "versions": state.versions}
@@ -154,9 +157,13 @@ def _report_lost(trace: Trace, lost: list[int]) -> None:
          stacklevel=4)
 
 
-def _check_selection(trace: Trace, labels: set[str]) -> None:
-    """``save=`` labels that matched no op refuse (a typo would silently save nothing)."""
-    known = {op.label for op in trace.ops} | {op.base_label for op in trace.ops}
+def _check_selection(records: list, labels: set[str]) -> None:
+    """``save=`` labels that matched no op refuse (a typo would silently save nothing). Labels
+    were made during the forward whenever ``save=`` names any."""
+    if not labels:
+        return
+    known = {rec[R_LABEL] for rec in records}
+    known |= {label.partition(":")[0] for label in known}
     unknown = sorted(labels - known)
     if unknown:
         import difflib
@@ -241,14 +248,15 @@ def _install_module_hooks(named_modules, state, calls, save_modules):
                 state.light[key] = state.keep(key, found[0] if len(found) == 1 else found)
             return
         tensors = state.tensors
-        # (record index, which tensor of its output) of each output tensor a recorded op made
-        outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
-                for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
-        if save_modules and address in save_modules:
-            for t in found:
-                index = state.producer(t)
-                if index is not None and index not in state.values:
-                    state.values[index] = snapshot(t)
+        with DisableTorchFunction():  # tensor attributes here would go through the recorder
+            # (record index, which tensor of its output) of each output tensor a recorded op made
+            outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
+                    for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
+            if save_modules and address in save_modules:
+                for t in found:
+                    index = state.producer(t)
+                    if index is not None and index not in state.values:
+                        state.values[index] = snapshot(t)
         # (address, pass, module, first record, end record, outputs, time)
         calls.append((address, frame[1], mod, frame[3], len(state.records), outs,
                       time.perf_counter_ns() - frame[4]))
@@ -361,7 +369,55 @@ def _add_outputs(state: CaptureState, out: Any) -> dict:
 
 
 def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, provenance,
-           partial=False) -> Trace:
+           is_partial=False, homes=None) -> Trace:
+    """The Trace of a finished (or failed) forward: its meta now, its objects on first use.
+
+    Everything the objects are made from is fixed here (the parameters' facts too), so a model
+    changed after the capture does not change its trace.
+    """
+    if state.advisories:  # the forward created parameters or modules: list them too
+        inv = inventory(model)
+    param_facts = [(name, p.shape, p.dtype, p.device, p.requires_grad, False)
+                   if type(p) is nn.Parameter or not is_lazy(p) else
+                   (name, None, None, None, p.requires_grad, True) for name, p in inv.params]
+    buffer_facts = [(name, b.shape, b.dtype, b.device) for name, b in inv.buffers
+                    if not is_lazy(b)]
+    train_bn = [address for address, module in inv.modules
+                if isinstance(module, nn.modules.batchnorm._NormBase) and module.training
+                and module.track_running_stats]
+    meta = {
+        "schema_version": SCHEMA_VERSION,
+        "torchlens_version": _tl_version,
+        "torch_version": torch.__version__,
+        "model_class": type(model).__name__,
+        "training": bool(model.training),
+        "grad_enabled": torch.is_grad_enabled(),
+        "save": save if isinstance(save, (str, type(None))) else sorted(save),
+        "capture_ns": elapsed_ns,
+        "partial": is_partial,
+        "root_params": sum(prod(f[1]) for f in param_facts if not f[5]),
+        "train_mode_batchnorm": train_bn,
+        "op_time": time_kind({rec[R_DEVICE] for rec in state.records}),
+    }
+    state.tensors = state.writes = state.held = None  # the recorder's working sets
+    built = functools.partial(_objects, state, calls, inv.modules, param_facts, buffer_facts,
+                          inv.aliases, homes or {})
+    return Trace.deferred(built, len(state.records),
+                          structure or {"type": "value", "repr": None}, meta,
+                          provenance=provenance,
+                          annotations={"capture_advisories": list(state.advisories)})
+
+
+def time_kind(devices: set) -> str:
+    """What an op's ``time_ns`` measures, given the devices its outputs were on."""
+    if any(getattr(d, "type", d) == "cuda" for d in devices):
+        return ("host: wall time of each call on the host; CUDA kernels run asynchronously, so "
+                "on CUDA this is launch time, not kernel time (the capture never synchronizes)")
+    return "host: wall time of each call (on CPU, the time the op computed)"
+
+
+def _objects(state, calls, named_modules, param_facts, buffer_facts, aliases, homes) -> tuple:
+    """(ops, modules, params, buffers) of a capture, from its records."""
     records = state.records
     ops: list[Op] = []
     children: list[list[int]] = [[] for _ in records]
@@ -409,39 +465,35 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
     for op in ops:
         for name in op.params + op.buffers:
             used_by.setdefault(name, []).append(op.label)
-    if state.advisories:  # the forward created parameters or modules: list them too
-        inv = inventory(model)
     params = {}
     owned: dict[str, int] = {}  # parameter count of each module's own parameters
-    for name, p in inv.params:
+    for name, shape, dtype, device, trainable, lazy in param_facts:
         module = name.rpartition(".")[0]
-        if is_lazy(p):
+        if lazy:
             params[name] = {"shape": None, "dtype": None, "device": None, "numel": 0,
-                            "nbytes": 0, "trainable": bool(p.requires_grad), "module": module,
+                            "nbytes": 0, "trainable": bool(trainable), "module": module,
                             "aliases": [], "used_by": [], "lazy": True}
             continue
-        numel = p.numel()
-        dtype, device = p.dtype, p.device
+        numel = prod(shape)
         params[name] = {
-            "shape": list(p.shape),
+            "shape": list(shape),
             "dtype": names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch.")),
             "device": names.get(device) or names.setdefault(device, str(device)),
-            "numel": numel, "nbytes": numel * p.element_size(),
-            "trainable": p.requires_grad, "module": module,
-            "aliases": inv.aliases.get(name, []), "used_by": used_by.get(name, []),
+            "numel": numel, "nbytes": numel * dtype.itemsize,
+            "trainable": trainable, "module": module,
+            "aliases": aliases.get(name, []), "used_by": used_by.get(name, []),
         }
+        if name in homes:
+            params[name]["home"] = homes[name]
         owned[module] = owned.get(module, 0) + numel
     buffers = {}
-    for name, b in inv.buffers:
-        if is_lazy(b):
-            continue
-        numel = b.numel()
-        dtype, device = b.dtype, b.device
+    for name, shape, dtype, device in buffer_facts:
+        numel = prod(shape)
         buffers[name] = {
-            "shape": list(b.shape),
+            "shape": list(shape),
             "dtype": names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch.")),
             "device": names.get(device) or names.setdefault(device, str(device)),
-            "numel": numel, "nbytes": numel * b.element_size(), "module": name.rpartition(".")[0],
+            "numel": numel, "nbytes": numel * dtype.itemsize, "module": name.rpartition(".")[0],
             "used_by": used_by.get(name, []),
         }
     recursive: dict[str, int] = {}  # parameters of each module and everything below it
@@ -458,30 +510,11 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
             address, pass_num, type(module).__name__, labels[start:end],
             [labels[i] for i, _ in outs], time_ns, positions=[pos for _, pos in outs]))
     modules = {}
-    train_bn = []
-    for address, module in inv.modules:
-        if isinstance(module, nn.modules.batchnorm._NormBase) and module.training and \
-                module.track_running_stats:
-            train_bn.append(address)
+    for address, module in named_modules:
         if address:
             modules[address] = Module(address, type(module).__name__, address.count(".") + 1,
                                       recursive.get(address, 0), by_address.get(address, []))
-    meta = {
-        "schema_version": SCHEMA_VERSION,
-        "torchlens_version": _tl_version,
-        "torch_version": torch.__version__,
-        "model_class": type(model).__name__,
-        "training": bool(model.training),
-        "grad_enabled": torch.is_grad_enabled(),
-        "save": save if isinstance(save, (str, type(None))) else sorted(save),
-        "capture_ns": elapsed_ns,
-        "partial": partial,
-        "root_params": recursive.get("", 0),
-        "train_mode_batchnorm": train_bn,
-    }
-    return Trace(ops, modules, params, buffers, structure or {"type": "value", "repr": None},
-                 meta, provenance=provenance,
-                 annotations={"capture_advisories": list(state.advisories)})
+    return ops, modules, params, buffers
 
 
 def _attach_failure(exc: BaseException, state: CaptureState, partial: Trace) -> None:

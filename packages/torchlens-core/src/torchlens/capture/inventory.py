@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torch import Tensor, nn
+from torch.nn import Parameter
 from torch.nn.parameter import is_lazy
 
 
@@ -19,27 +20,29 @@ class Inventory:
     params: list[tuple[str, Tensor]] = field(default_factory=list)  # named_parameters()
     buffers: list[tuple[str, Tensor]] = field(default_factory=list)  # named_buffers()
     aliases: dict[str, list[str]] = field(default_factory=dict)  # first name -> other names
+    lazy: dict[str, str] = field(default_factory=dict)  # pending lazy name -> parameter/buffer
+    has_meta: bool = False  # some parameter or buffer is on the meta device
 
     def pending_lazy(self) -> dict[str, str]:
         """Names of un-materialized lazy parameters and buffers (name -> 'parameter'/'buffer')."""
-        found = {name: "parameter" for name, p in self.params if is_lazy(p)}
-        found.update({name: "buffer" for name, b in self.buffers if is_lazy(b)})
-        return found
+        return dict(self.lazy)
 
 
 def inventory(model: nn.Module) -> Inventory:
     """Modules (first address of each), parameters and buffers (each tensor once, under its
     first name) and the other names a tied parameter is reachable by."""
     inv = Inventory()
+    modules, params, buffers, lazy = inv.modules, inv.params, inv.buffers, inv.lazy
     seen_modules: set[int] = set()
     first_param: dict[int, str] = {}
     seen_buffers: set[int] = set()
+    has_meta = False
     stack: list[tuple[str, nn.Module]] = [("", model)]
     while stack:
         prefix, module = stack.pop()
         if id(module) not in seen_modules:
             seen_modules.add(id(module))
-            inv.modules.append((prefix, module))
+            modules.append((prefix, module))
         dot = prefix + "." if prefix else ""
         for key, p in module._parameters.items():
             if p is None:
@@ -47,14 +50,25 @@ def inventory(model: nn.Module) -> Inventory:
             name = dot + key
             first = first_param.setdefault(id(p), name)
             if first == name:
-                inv.params.append((name, p))
+                params.append((name, p))
+                if type(p) is not Parameter and is_lazy(p):
+                    lazy[name] = "parameter"
+                elif p.is_meta:
+                    has_meta = True
             else:
                 inv.aliases.setdefault(first, []).append(name)
-        for key, b in module._buffers.items():
-            if b is not None and id(b) not in seen_buffers:
-                seen_buffers.add(id(b))
-                inv.buffers.append((dot + key, b))
-        children = [(dot + key, child) for key, child in module._modules.items()
-                    if child is not None]
-        stack.extend(reversed(children))
+        if module._buffers:
+            for key, b in module._buffers.items():
+                if b is not None and id(b) not in seen_buffers:
+                    seen_buffers.add(id(b))
+                    buffers.append((dot + key, b))
+                    if is_lazy(b):
+                        lazy[dot + key] = "buffer"
+                    elif b.is_meta:
+                        has_meta = True
+        children = module._modules
+        if children:
+            stack.extend(reversed([(dot + key, child) for key, child in children.items()
+                                   if child is not None]))
+    inv.has_meta = has_meta
     return inv

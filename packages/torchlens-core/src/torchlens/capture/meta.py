@@ -46,7 +46,7 @@ def is_meta(model: nn.Module) -> bool:
 
 def _maybe_meta(model: nn.Module, inv: Any) -> bool:
     """A cheap first look from an inventory already taken: no meta tensor, no meta model."""
-    return inv is None or any(t.is_meta for _, t in inv.params + inv.buffers)
+    return inv is None or inv.has_meta
 
 
 def refuse_values(model: nn.Module, surface: str, what: str, inv: Any = None) -> None:

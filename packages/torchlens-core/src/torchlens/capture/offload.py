@@ -14,8 +14,9 @@ from torch import Tensor, nn
 
 
 def hooked(modules: Iterable[nn.Module]) -> list[nn.Module]:
-    """Those of ``modules`` that carry an accelerate hook."""
-    return [m for m in modules if getattr(m, "_hf_hook", None) is not None]
+    """Those of ``modules`` that carry an accelerate hook (an instance attribute: read from the
+    instance dict, not through ``nn.Module.__getattr__``'s slow miss)."""
+    return [m for m in modules if vars(m).get("_hf_hook") is not None]
 
 
 def _alias(state: Any, before: Any, after: Any) -> None:

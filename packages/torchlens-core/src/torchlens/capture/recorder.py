@@ -42,6 +42,7 @@ _PASSTHROUGH = {
 }
 _SETITEM = Tensor.__setitem__
 _NONE: tuple = ()
+_EMPTY: dict = {}  # kwargs of a call without any (never written)
 # element types of a tuple/list argument that cannot hold a tensor (strides, paddings, sizes)
 _SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), torch.Size})
 
@@ -215,6 +216,18 @@ def _collect(value: Any, found: list, depth: int = 0) -> None:
             _collect(item, found, depth + 1)
 
 
+def _inputs(args: tuple, kwargs: dict) -> list:
+    """Every tensor a call reads: its arguments, keyword arguments and their sequences."""
+    found: list = []
+    for group in (args, kwargs.values()) if kwargs else (args,):
+        for a in group:
+            if isinstance(a, Tensor):
+                found.append(a)
+            elif isinstance(a, (tuple, list)) and not _SCALARS.issuperset(map(type, a)):
+                _collect(a, found)
+    return found
+
+
 def tensor_outputs(func, first: Any, out: Any) -> list[Tensor] | None:
     """The tensors a call produced (``__setitem__``: the tensor it wrote), or None: not an op."""
     if func is _SETITEM:
@@ -237,91 +250,94 @@ class Recorder(TorchFunctionMode):
         # Everything here runs between two ops of the user's forward, where the CPU caches are
         # cold: it keeps only what cannot be derived after the forward (edges, facts of tensors
         # that may die, the module frame, the time), inline rather than through helpers.
-        if kwargs is None:
-            kwargs = {}
         s = self.state
         if func in _PASSTHROUGH or s.suspended:
-            return func(*args, **kwargs)
+            return func(*args, **kwargs) if kwargs else func(*args)
+        if kwargs is None:
+            kwargs = _EMPTY
         if s.held is not None and s.held.entries and may_write(func, kwargs):
             targets = written_by(func, args, kwargs)
             if targets:
                 s.held.before_write(targets)
         first = args[0] if args else None
-        version_before = first._version if isinstance(first, Tensor) else None
+        version_before = first._version if type(first) is Tensor or isinstance(
+            first, Tensor) else None
         t0 = perf_counter_ns()
         try:
-            out = func(*args, **kwargs)
+            out = func(*args, **kwargs) if kwargs else func(*args)
         except BaseException as exc:
             self._note_failure(func, args, kwargs, exc)
             raise
         elapsed = perf_counter_ns() - t0
-        out_tensors = [out] if type(out) is Tensor else tensor_outputs(func, first, out)
-        if out_tensors is None:
-            return out
+        if type(out) is Tensor:
+            main, out_tensors = out, None
+        else:
+            out_tensors = tensor_outputs(func, first, out)
+            if out_tensors is None:
+                return out
+            main = out_tensors[0]
+            if len(out_tensors) == 1:
+                out_tensors = None
         name = func_name(func)
-        inputs: list = []
-        for a in args:
-            if isinstance(a, Tensor):
-                inputs.append(a)
-            elif isinstance(a, (tuple, list)) and not _SCALARS.issuperset(map(type, a)):
-                _collect(a, inputs)
-        if kwargs:
-            for a in kwargs.values():
-                if isinstance(a, Tensor):
-                    inputs.append(a)
-                elif isinstance(a, (tuple, list)) and not _SCALARS.issuperset(map(type, a)):
-                    _collect(a, inputs)
         parents: list[int] = []
         params = buffers = _NONE
         tensors, param_ids, buffer_ids = s.tensors, s.param_ids, s.buffer_ids
+        inputs = args
+        if kwargs:
+            inputs = _inputs(args, kwargs)
+        else:
+            for a in args:
+                if type(a) is not Tensor and isinstance(a, (tuple, list)):
+                    inputs = _inputs(args, kwargs)
+                    break
         for t in inputs:
+            if type(t) is not Tensor and not isinstance(t, Tensor):
+                continue
             key = id(t)
+            p = param_ids.get(key)
+            if p is not None:
+                params = params + (p,)
+            elif buffer_ids:
+                b = buffer_ids.get(key)
+                if b is not None:
+                    buffers = buffers + (b,)
+            if p is None and type(t) is not Tensor and isinstance(t, Parameter) and \
+                    s.model is not None and key not in buffer_ids:
+                if isinstance(t, UninitializedTensorMixin):
+                    return out  # a lazy module materializing itself: not an op of the model
+                adopted = s.adopt_parameter(t)
+                if adopted is not None:
+                    params = params + (adopted,)
             entry = tensors.get(key)
             if entry is not None and entry[1]() is t:
                 # a parameter or buffer written in place during the forward reads from its writer
                 index = entry[0] if t._version == entry[2] else s.producer(t)
                 if index not in parents:
                     parents.append(index)
-            p = param_ids.get(key)
-            if p is not None:
-                params = params + (p,)
-                continue
-            b = buffer_ids.get(key)
-            if b is not None:
-                buffers = buffers + (b,)
-                continue
-            # (a plain tensor skips Parameter's Python-level isinstance check)
-            if type(t) is not Tensor and isinstance(t, Parameter) and s.model is not None:
-                if isinstance(t, UninitializedTensorMixin):
-                    return out  # a lazy module materializing itself: not an op of the model
-                adopted = s.adopt_parameter(t)
-                if adopted is not None:
-                    params = params + (adopted,)
-        main = out_tensors[0]
-        inplace = version_before is not None and main is first and first._version != version_before
+        inplace = main is first and first._version != version_before
         index = len(s.records)
         frame = s.frames[-1]
         label = None
         if s.save_labels:  # labels are needed now, to decide what to keep
             label, base, _ = s.label_for(name, frame)
-        if len(out_tensors) == 1:
+        if out_tensors is None:
             out_shapes = nbytes = None
         else:
             out_shapes = [t.shape for t in out_tensors]
             nbytes = sum(t.element_size() * t.numel() for t in out_tensors)
         s.records.append((
             name, frame, parents, params, buffers, main.shape, main.dtype, main.device, out_shapes,
-            nbytes, inplace, main._is_view() and not inplace,
+            nbytes, inplace, not inplace and main._is_view(),
             shapes(args, kwargs) if name in FORMULAS else None, elapsed, label, "op", None))
         if s.calls is not None:
-            self._keep_for_replay(index, func, args, kwargs, out, out_tensors)
+            self._keep_for_replay(index, func, args, kwargs, out, out_tensors or [main])
         ref = _ref(main)
         if s.save_all or (label is not None and (label in s.save_labels or base in s.save_labels)):
             if out_shapes is None and s.held is not None:
                 s.held.keep(index, main, ref)
             else:
                 s.values[index] = snapshot(out if out_shapes else main)
-        if out_shapes is None:
+        if out_tensors is None:
             tensors[id(main)] = (index, ref, main._version, 0)
         else:
             for position, t in enumerate(out_tensors):
