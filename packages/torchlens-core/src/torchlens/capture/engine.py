@@ -177,14 +177,19 @@ def _check_selection(records: list, labels: set[str]) -> None:
 
 
 def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str],
-                     keep: Any = None) -> dict[str, Any]:
+                     keep: Any = None, inv: Inventory | None = None) -> dict[str, Any]:
     """A light capture: only labels are computed and only the selected activations copied.
 
     Labels match a full trace's; module addresses give the module's output (``addr:2`` for a
     later pass). ``keep(key, value)`` makes what is kept of a live value (default: a detached
-    copy). Returns ``{label or address: kept value}``.
+    copy). Returns ``{label or address: kept value}``. ``inv``: the model's inventory, when the
+    caller took it just before.
     """
-    inv = inventory(model)
+    with paused():
+        return _capture_selected(model, args, kwargs, save, keep, inv or inventory(model))
+
+
+def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[str, Any]:
     modules = inv.modules
     _, save_labels, save_modules = parse_save(list(save), model, inv)
     state = CaptureState({}, {}, False, save_labels)

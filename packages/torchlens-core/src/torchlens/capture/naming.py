@@ -14,13 +14,13 @@ _DUNDER_ALIASES = {
 _INPLACE_DUNDERS = {"iadd", "isub", "imul", "idiv", "ipow", "iand", "ior", "ixor", "ilshift",
                     "irshift", "imatmul"}
 
-_cache: dict[Any, str] = {}
+NAMES: dict[Any, str] = {}  # callable -> name, filled by func_name (read directly on hot paths)
 
 
 def func_name(func: Any) -> str:
     """The short name an op is labelled by; cached per callable."""
     try:
-        return _cache[func]
+        return NAMES[func]
     except (KeyError, TypeError):
         pass
     name = getattr(func, "__name__", None) or type(func).__name__
@@ -37,7 +37,7 @@ def func_name(func: Any) -> str:
             name = core
     name = name.lstrip("_") or "op"
     try:
-        _cache[func] = name
+        NAMES[func] = name
     except TypeError:
         pass
     return name

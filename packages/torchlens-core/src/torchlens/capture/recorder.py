@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from .cow import Held, may_write, storage_key, written_by
 from .flops import FORMULAS, shapes
+from .naming import NAMES as _names
 from .naming import func_name
 
 Tensor = torch.Tensor
@@ -278,42 +279,43 @@ class Recorder(TorchFunctionMode):
             main = out_tensors[0]
             if len(out_tensors) == 1:
                 out_tensors = None
-        name = func_name(func)
-        parents: list[int] = []
-        params = buffers = _NONE
+        name = _names.get(func) or func_name(func)
         tensors, param_ids, buffer_ids = s.tensors, s.param_ids, s.buffer_ids
-        inputs = args
-        if kwargs:
-            inputs = _inputs(args, kwargs)
-        else:
-            for a in args:
-                if type(a) is not Tensor and isinstance(a, (tuple, list)):
-                    inputs = _inputs(args, kwargs)
-                    break
-        for t in inputs:
-            if type(t) is not Tensor and not isinstance(t, Tensor):
-                continue
-            key = id(t)
-            p = param_ids.get(key)
-            if p is not None:
-                params = params + (p,)
-            elif buffer_ids:
-                b = buffer_ids.get(key)
-                if b is not None:
-                    buffers = buffers + (b,)
-            if p is None and type(t) is not Tensor and isinstance(t, Parameter) and \
-                    s.model is not None and key not in buffer_ids:
-                if isinstance(t, UninitializedTensorMixin):
-                    return out  # a lazy module materializing itself: not an op of the model
-                adopted = s.adopt_parameter(t)
-                if adopted is not None:
-                    params = params + (adopted,)
-            entry = tensors.get(key)
-            if entry is not None and entry[1]() is t:
-                # a parameter or buffer written in place during the forward reads from its writer
-                index = entry[0] if t._version == entry[2] else s.producer(t)
-                if index not in parents:
-                    parents.append(index)
+        inputs = _inputs(args, kwargs) if kwargs else args
+        while True:  # runs once, twice when a positional argument is a sequence of tensors
+            parents: list[int] = []
+            params = buffers = _NONE
+            for t in inputs:
+                if type(t) is not Tensor and not isinstance(t, Tensor):
+                    if inputs is args and isinstance(t, (tuple, list)):
+                        inputs = _inputs(args, kwargs)
+                        break
+                    continue
+                key = id(t)
+                p = param_ids.get(key)
+                if p is not None:
+                    params = params + (p,)
+                    if not s.writes:  # no in-place write yet: no parameter has a producer
+                        continue
+                elif buffer_ids:
+                    b = buffer_ids.get(key)
+                    if b is not None:
+                        buffers = buffers + (b,)
+                if p is None and type(t) is not Tensor and isinstance(t, Parameter) and \
+                        s.model is not None and key not in buffer_ids:
+                    if isinstance(t, UninitializedTensorMixin):
+                        return out  # a lazy module materializing itself: not an op of the model
+                    adopted = s.adopt_parameter(t)
+                    if adopted is not None:
+                        params = params + (adopted,)
+                entry = tensors.get(key)
+                if entry is not None and entry[1]() is t:
+                    # a parameter or buffer written in place in the forward reads from its writer
+                    index = entry[0] if t._version == entry[2] else s.producer(t)
+                    if index not in parents:
+                        parents.append(index)
+            else:
+                break
         inplace = main is first and first._version != version_before
         index = len(s.records)
         frame = s.frames[-1]
@@ -376,16 +378,18 @@ class LightRecorder(Recorder):
     """Labels every call exactly like Recorder but keeps only the selected activations."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
         s = self.state
         if func in _PASSTHROUGH or s.suspended:
-            return func(*args, **kwargs)
-        out = func(*args, **kwargs)
-        tensors = tensor_outputs(func, args[0] if args else None, out)
-        if tensors is None or any(isinstance(a, UninitializedTensorMixin) for a in args):
+            return func(*args, **kwargs) if kwargs else func(*args)
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        tensors = [out] if type(out) is Tensor else tensor_outputs(func, args[0] if args else None,
+                                                                   out)
+        if tensors is None:
             return out
-        label, base, _ = s.label_for(func_name(func))
+        for a in args:
+            if type(a) is not Tensor and isinstance(a, UninitializedTensorMixin):
+                return out
+        label, base, _ = s.label_for(_names.get(func) or func_name(func))
         if label in s.save_labels or base in s.save_labels:
             s.light[label] = s.keep(label, out if len(tensors) > 1 else tensors[0])
         return out

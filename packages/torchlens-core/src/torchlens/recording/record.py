@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..capture.engine import capture_selected, parse_save
+from ..capture.inventory import inventory
 from ..capture.meta import refuse_values
 from ..errors import InputError
 from . import distributed
@@ -122,9 +123,10 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     each rank records its share. Returns the opened store. Forwards run under ``no_grad``.
     """
     _check_options(save, reduce, dtype, to, batch_size)
-    refuse_values(model, "record", "recorded activations")
+    inv = inventory(model) if isinstance(model, nn.Module) else None
+    refuse_values(model, "record", "recorded activations", inv)
     save = list(save)
-    parse_save(save, model)  # module addresses are checked now
+    parse_save(save, model, inv)  # module addresses are checked now
     presplit = distributed.uses_distributed_sampler(inputs)
     items, total, prompts = _inputs(inputs)
     options = {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess}
@@ -150,8 +152,6 @@ def _peek(items: Iterable) -> tuple[Iterable, Any]:
 def _check_labels(model: nn.Module, first: Any, save: list[str], options: dict,
                   prompts: bool) -> None:
     """The dry_run check: op labels the forward does not make refuse before any recording."""
-    from ..capture.inventory import inventory
-
     modules = {name for name, _ in inventory(model).modules if name}
     if all(s in modules for s in save):
         return
@@ -168,7 +168,8 @@ def _resolve(model: nn.Module, value: Any, options: dict):
 def _capture(model: nn.Module, res, save: list[str], keeper: Keeper) -> dict[str, Any]:
     """One light capture; recording needs no autograd graph, so none is built."""
     with torch.no_grad():
-        return capture_selected(model, res.args, res.kwargs, save, keep=keeper)
+        return capture_selected(model, res.args, res.kwargs, save, keep=keeper,
+                                inv=res.inventory)
 
 
 def _missing(values: dict[str, Any], save: list[str]) -> None:
