@@ -30,7 +30,8 @@ class Counting(nn.Module):
 
 
 def test_three_rungs_one_capture_each():
-    """ONE metadata-only capture per summary, after one uncaptured warm-up forward."""
+    """ONE metadata-only capture per summary, after one uncaptured warm-up forward the first time
+    the model runs on inputs of that shape."""
     model = Counting()
     gold = tl.summary(model, torch.rand(1, 6))
     assert (model.captures, model.plain) == (1, 1) and gold.provenance["origin"] == "gold"
@@ -38,7 +39,9 @@ def test_three_rungs_one_capture_each():
     assert (model.captures, model.plain) == (2, 2)
     assert declared.provenance["origin"] == "declared"
     inferred = tl.summary(model)
-    assert (model.captures, model.plain) == (3, 3)
+    inferred_shape = inferred.trace.inputs[0].shape
+    warmed = 2 if inferred_shape in ([1, 6], [2, 6]) else 3
+    assert (model.captures, model.plain) == (3, warmed)
     assert inferred.provenance["origin"] == "inferred"
     assert not any(op.saved for op in gold.trace)  # metadata only
 

@@ -68,3 +68,20 @@ def test_no_warm_up_while_lazy_parameters_are_pending_and_it_says_so():
     assert s.trace.meta["timing"]["warmup_forwards"] == 0
     assert s.receipt.materialized  # they materialized in the one captured forward
     assert "no warm-up: lazy parameters" in str(s)
+
+
+def test_the_warm_up_runs_once_per_model_and_input_shape():
+    model = Net()
+    forwards = []
+    model.fc.register_forward_hook(lambda *_: forwards.append(1))
+    first = tl.summary(model, torch.rand(2, 4))
+    assert first.trace.meta["timing"]["warmup_forwards"] == 1 and len(forwards) == 2
+    again = tl.summary(model, torch.rand(2, 4))
+    assert again.trace.meta["timing"] == {
+        "warmup_forwards": 0, "warm": True, "note": again.trace.meta["timing"]["note"]}
+    assert len(forwards) == 3  # the captured forward alone: one-time setup was already paid
+    assert "earlier warm-up of this model" in str(again)
+    row = next(r for r in again.rows if r["layer"] == "setup")
+    assert row["time_ms"] < 150
+    tl.summary(model, torch.rand(5, 4))  # another input shape: its own warm-up
+    assert len(forwards) == 5

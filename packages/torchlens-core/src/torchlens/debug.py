@@ -155,10 +155,11 @@ def explain(trace: Any) -> str:
     if receipt:
         from .capture.policy import Receipt
 
-        state = f"verified {Receipt(**receipt).scope}" if receipt.get("verified") else \
-            "NOT verified"
-        lines.append(f"State: pinned {receipt.get('pinned', {}).get('mode', 'eval')} + no-grad; "
-                     f"restoration {state}.")
+        r = Receipt(**receipt)
+        state = f"verified {r.scope}" if r.verified else "NOT verified"
+        undone = f" ({r.undone})" if r.undone else ""
+        lines.append(f"State: pinned {r.pinned.get('mode', 'eval')} + no-grad; "
+                     f"restoration {state}{undone}.")
     advisories = (getattr(trace, "annotations", None) or {}).get("capture_advisories") or []
     if advisories:
         lines.append(f"Advisories ({len(advisories)}):")

@@ -40,7 +40,7 @@ CODES: dict[str, str] = {
     # files
     "trace_file_invalid": "a file given to tl.load is corrupt, truncated or not a TorchLens trace",
     # state policy
-    "state_restore_failed": "a pinned surface could not restore the model's state bit for bit",
+    "state_restore_failed": "a pinned surface could not restore the model's state exactly",
     "state_baseline_unavailable": "intervention_ready=True with pending lazy parameters",
     "state_changed": "the model changed since its intervention-ready trace",
     "lazy_uninitialized": "un-materialized lazy parameters/buffers where they cannot be probed",

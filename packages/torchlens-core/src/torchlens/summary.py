@@ -221,6 +221,8 @@ class Summary:
         if r.materialized:
             extra += "; lazy parameters materialized: " + ", ".join(
                 f"{k} {v}" for k, v in r.materialized.items())
+        if r.undone:
+            extra += f"; {r.undone}"
         return f"State: eval + no-grad, {state} (state hash {r.hash_after[:12]}){extra}"
 
     def __repr__(self) -> str:

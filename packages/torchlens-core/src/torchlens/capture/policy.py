@@ -1,10 +1,14 @@
 """Execution policy of the pinned surfaces: eval + no-grad, forked RNG, restored state, a receipt.
 
-``pinned(model)`` snapshots every module's ``training`` flag, the RNG streams (CPU and CUDA) and
-every buffer, hashes the state dict, runs the body in eval + no-grad, then restores and re-hashes.
-The receipt says what was pinned and restored and whether the state verifies bit for bit.
-``warm_up`` runs one uncaptured forward inside the pinning, so a timed capture after it does not
-count one-time setup.
+``pinned(model)`` snapshots every module's ``training`` flag, the RNG streams (CPU and CUDA), every
+buffer and the tensor object in each parameter and buffer slot, fingerprints the state dict, runs
+the body in eval + no-grad, then restores and re-fingerprints. A tensor's fingerprint hashes the
+wrapping row and column sums of its bytes as int64 words in rows of 1024 (``Receipt.algorithm``):
+any change of one or two words alters it, and it costs about one read of memory (a crc32 of
+every byte cost several). The receipt says what was pinned and restored, names the buffers and
+flags the body changed, and whether the state verifies.
+``warm_up`` runs one uncaptured forward inside the pinning the first time a model is timed on
+inputs of one signature, so a timed capture after it does not count one-time setup.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import contextlib
 import ctypes
 import hashlib
 import time
-import zlib
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,9 +42,19 @@ class Receipt:
     pinned: dict[str, Any]
     restored: list[str]
     materialized: dict[str, list[int]] = field(default_factory=dict)
-    algorithm: str = "sha256 over (name, shape, dtype, crc32 of bytes) of every param and buffer"
+    algorithm: str = (
+        "sha256 over (name, shape, dtype, fingerprint) of every param and buffer; a tensor's "
+        "fingerprint is blake2b-64 of its bytes read as int64 words in rows of 1024: the rows' "
+        "and the columns' wrapping sums, then the last partial row's bytes as they are (a tensor "
+        "under 8 KiB: all its bytes). Any change of one or two words (a write, a swap) alters "
+        "it; a change that keeps every row and column sum (+d/-d at the corners of a rectangle) "
+        "would not. Each parameter and buffer slot must also still hold the same tensor object")
     no_values: int = 0  # meta tensors: shape, dtype and device verified, no bytes to hash
     offloaded: int = 0  # tensors accelerate keeps on cpu/disk between forwards: homes verified
+    restored_buffers: list[str] = field(default_factory=list)  # the body wrote them; put back
+    restored_flags: list[str] = field(default_factory=list)  # modules the body set to training
+    replaced: list[str] = field(default_factory=list)  # parameters the body swapped for new ones
+    changed: list[str] = field(default_factory=list)  # tensors that differ after the restore
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -56,28 +70,47 @@ class Receipt:
         if self.offloaded:
             parts.append(f"{self.offloaded} offloaded tensors back in their homes (cpu/disk, "
                          "not hashed)")
-        return "; ".join(parts) or "bit for bit"
+        return "; ".join(parts) or "every byte fingerprinted"
+
+    @property
+    def undone(self) -> str:
+        """What the body changed that the restore put back, in words ("" when nothing)."""
+        parts = []
+        if self.restored_buffers:
+            parts.append(f"buffers written by the forward {_names(self.restored_buffers)}")
+        if self.restored_flags:
+            parts.append(f"training flags set by the forward {_names(self.restored_flags)}")
+        return "restored " + " and ".join(parts) if parts else ""
 
     def __repr__(self) -> str:
         state = "verified" if self.verified else "MISMATCH"
         extra = f", materialized {sorted(self.materialized)}" if self.materialized else ""
         meta = f", {self.no_values} meta tensors without values" if self.no_values else ""
         away = f", {self.offloaded} offloaded tensors home" if self.offloaded else ""
-        return f"<Receipt {state}: state {self.hash_after[:12]}{extra}{meta}{away}>"
+        undone = f", {self.undone}" if self.undone else ""
+        return f"<Receipt {state}: state {self.hash_after[:12]}{extra}{meta}{away}{undone}>"
+
+
+def _names(names: list[str], most: int = 5) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"{names[:most]}{more}"
 
 
 def state_fingerprints(model: nn.Module, skip: set[str] = frozenset()) -> dict[str, str]:
-    """Per parameter and buffer: ``shape|dtype|crc32`` of its bytes (pending lazy ones skipped;
-    a meta tensor, which has no bytes, is ``shape|dtype|meta``)."""
-    tensors = list(model.named_parameters(remove_duplicate=False))
-    tensors += list(model.named_buffers(remove_duplicate=False))
-    return {name: f"{tuple(t.shape)}|{t.dtype}|{'meta' if t.is_meta else f'{_crc(t):08x}'}"
-            for name, t in tensors if name not in skip and not is_lazy(t)}
+    """Per parameter and buffer: ``shape|dtype|fingerprint`` of its bytes (see
+    ``Receipt.algorithm``; pending lazy ones skipped; a meta tensor, which has no bytes, is
+    ``shape|dtype|meta``). A tensor shared under several names is read once."""
+    tensors = [(name, t) for name, t in [*model.named_parameters(remove_duplicate=False),
+                                         *model.named_buffers(remove_duplicate=False)]
+               if name not in skip and not is_lazy(t)]
+    digests = _digests([t for _, t in tensors if not t.is_meta])
+    return {name: f"{tuple(t.shape)}|{t.dtype}|{'meta' if t.is_meta else digests[id(t)]}"
+            for name, t in tensors}
 
 
 def state_hash(model: nn.Module, skip: set[str] = frozenset(),
                fingerprints: dict[str, str] | None = None) -> str:
-    """A digest of every parameter's and buffer's bytes (pending lazy tensors are skipped)."""
+    """A digest of every parameter's and buffer's fingerprint (pending lazy tensors skipped)."""
     prints = fingerprints if fingerprints is not None else state_fingerprints(model, skip)
     digest = hashlib.sha256()
     for name, value in prints.items():
@@ -85,21 +118,139 @@ def state_hash(model: nn.Module, skip: set[str] = frozenset(),
     return digest.hexdigest()
 
 
-def _crc(t: torch.Tensor) -> int:
-    data = t.detach()
-    if data.device.type != "cpu":
-        data = data.cpu()
-    data = data.contiguous()
-    if data.numel() == 0:
-        return 0
-    # read the bytes in place (torch needs no numpy for this); ``data`` outlives the call
-    raw = (ctypes.c_char * (data.numel() * data.element_size())).from_address(data.data_ptr())
-    return zlib.crc32(raw)
+_COLUMNS = 1024  # int64 words a row: the grid whose row and column sums fingerprint a tensor
+_BLOCK_ROWS = 128  # rows a CPU block (1 MiB): its column sums read it again while it is in cache
+
+
+def _digests(tensors: list[torch.Tensor], host: tuple[str, ...] = ("cpu",)) -> dict[int, str]:
+    """id -> fingerprint of each tensor. Sums run where the tensor lives; from an accelerator
+    (a device type not in ``host``) only the sums and the short tail come back, in one copy per
+    device."""
+    out: dict[int, str] = {}
+    remote: dict[torch.device, list[tuple[int, list[torch.Tensor]]]] = {}
+    seen: set[int] = set()
+    for t in tensors:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        on_host = t.device.type in host
+        parts = _parts(t, blocked=on_host)
+        if on_host:
+            out[id(t)] = _blake(parts)
+        else:
+            remote.setdefault(t.device, []).append((id(t), parts))
+    for entries in remote.values():
+        sizes = [sum(p.numel() for p in parts) for _, parts in entries]
+        flat = torch.cat([p for _, parts in entries for p in parts]).cpu() if any(sizes) \
+            else torch.empty(0, dtype=torch.uint8)
+        for (key, _), piece in zip(entries, flat.split(sizes)):
+            out[key] = _blake([piece])
+    return out
+
+
+def _parts(t: torch.Tensor, blocked: bool) -> list[torch.Tensor]:
+    """What a tensor's fingerprint hashes, as uint8 tensors on its device: the row and column
+    sums of its whole 1024-word rows, then the bytes after them."""
+    raw = _bytes(t)
+    rows = raw.numel() // (8 * _COLUMNS)
+    if not rows:
+        return [raw]
+    head = raw[:rows * 8 * _COLUMNS]
+    try:
+        grid = head.view(torch.int64).view(rows, _COLUMNS)
+    except RuntimeError:  # a view whose storage offset is not a whole word
+        grid = head.clone().view(torch.int64).view(rows, _COLUMNS)
+    row_sums, col_sums = _sums(grid, blocked)
+    return [row_sums.view(torch.uint8), col_sums.view(torch.uint8), raw[head.numel():]]
+
+
+def _sums(grid: torch.Tensor, blocked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Wrapping int64 row and column sums; on the host block by block, so the column pass reads
+    each block from cache, not memory (two reads of memory would cost twice)."""
+    n = grid.shape[0]
+    if not blocked or n <= _BLOCK_ROWS:
+        return grid.sum(1), grid.sum(0)
+    rows = torch.empty(n, dtype=torch.int64)
+    cols = torch.empty(-(-n // _BLOCK_ROWS), _COLUMNS, dtype=torch.int64)
+    for i, start in enumerate(range(0, n, _BLOCK_ROWS)):
+        block = grid[start:start + _BLOCK_ROWS]
+        torch.sum(block, 1, out=rows[start:start + _BLOCK_ROWS])
+        torch.sum(block, 0, out=cols[i])
+    return rows, cols.sum(0)
+
+
+def _blake(parts: list[torch.Tensor]) -> str:
+    """blake2b-64 of CPU uint8 tensors' bytes, read in place (no numpy needed)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        if part.numel():
+            part = part.contiguous()
+            digest.update((ctypes.c_char * part.numel()).from_address(part.data_ptr()))
+    return digest.hexdigest()
 
 
 def pending_lazy(model: nn.Module) -> dict[str, str]:
     """Names of un-materialized lazy parameters and buffers (name -> 'parameter' / 'buffer')."""
     return inventory(model).pending_lazy()
+
+
+def _slots(model: nn.Module, table: str, skip: set[str] | dict[str, str]) -> list[tuple]:
+    """(name, owning module, attribute, tensor) of every parameter or buffer (``table``:
+    ``_parameters`` / ``_buffers``), shared ones under each name; ``skip``: names left out."""
+    return [(f"{prefix}.{local}" if prefix else local, module, local, t)
+            for prefix, module in model.named_modules(remove_duplicate=False)
+            for local, t in getattr(module, table).items()
+            if t is not None and not is_lazy(t)
+            and (f"{prefix}.{local}" if prefix else local) not in skip]
+
+
+def _put_back(module: nn.Module, table: str, local: str, original: torch.Tensor) -> bool:
+    """Return ``original`` to its slot if the body swapped it for another object; True if it
+    did."""
+    slots = getattr(module, table)
+    if slots.get(local) is original:
+        return False
+    other = "_buffers" if table == "_parameters" else "_parameters"
+    if local not in getattr(module, other) and local not in module._modules:
+        slots[local] = original
+    return True
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes as a flat uint8 tensor on its device (a copy only if not contiguous)."""
+    data = t.detach()
+    if data.is_quantized:
+        data = data.int_repr()
+    elif data.is_complex():
+        data = data.resolve_conj()
+    return data.resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bytes (a NaN equals itself, -0.0 differs from 0.0), unlike ``torch.equal``."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b))
+
+
+def _restore(model: nn.Module, flags: list, params: list, buffers: list,
+             receipt: dict[str, list[str]]) -> None:
+    """Put back training flags, swapped-out parameter and buffer objects and written buffers,
+    naming in ``receipt`` what the body had changed."""
+    receipt["restored_flags"] = [name or type(model).__name__ for name, module, flag in flags
+                                 if module.training]
+    for _, module, flag in flags:
+        module.training = flag
+    receipt["replaced"] = [name for name, module, local, t in params
+                           if _put_back(module, "_parameters", local, t)]
+    restored = []
+    with torch.no_grad():
+        for name, module, local, live, saved in buffers:
+            swapped = _put_back(module, "_buffers", local, live)
+            written = live.shape == saved.shape and not _same_bits(live, saved)
+            if written:
+                live.copy_(saved)
+            if swapped or written:
+                restored.append(name)
+    receipt["restored_buffers"] = restored
 
 
 @contextlib.contextmanager
@@ -108,15 +259,22 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
     verify afterwards.
 
     Yields a dict that receives ``receipt`` (a Receipt) when the block exits, also on error.
+    Buffers the body writes or swaps, and flags it sets, are put back and named on the receipt;
+    a parameter it writes or swaps for a new object fails the check (``state_restore_failed``,
+    naming it), a swapped one after its original object is put back.
     """
     box: dict[str, Any] = {}
     lazy_before = pending_lazy(model)
-    before = state_hash(model)
+    prints_before = state_fingerprints(model)
+    before = state_hash(model, fingerprints=prints_before)
     offload = hooked(model.modules())
     homes_before = homes(model, offload) if offload else {}
-    flags = [(m, m.training) for m in model.modules()]
-    buffers = [(b, b.detach().clone()) for _, b in model.named_buffers()
-               if not is_lazy(b) and not b.is_meta]
+    skip = {**lazy_before, **homes_before}
+    flags = [(name, m, m.training) for name, m in model.named_modules()]
+    params = _slots(model, "_parameters", skip)
+    buffers = [(name, module, local, b, b.detach().clone())
+               for name, module, local, b in _slots(model, "_buffers", skip) if not b.is_meta]
+    undone: dict[str, list[str]] = {}
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     devices = list(range(torch.cuda.device_count())) if cuda else []
     error: BaseException | None = None
@@ -126,12 +284,7 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
             try:
                 yield box
             finally:
-                for module, flag in flags:
-                    module.training = flag
-                with torch.no_grad():
-                    for live, saved in buffers:
-                        if live.shape == saved.shape and not torch.equal(live, saved):
-                            live.copy_(saved)
+                _restore(model, flags, params, buffers, undone)
     except BaseException as exc:
         error = exc
         raise
@@ -141,12 +294,16 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
             for name, t in list(model.named_parameters()) + list(model.named_buffers())
             if name in lazy_before and not is_lazy(t)
         }
-        after = state_hash(model, skip=set(materialized))
-        flags_back = all(module.training == flag for module, flag in flags)
+        prints_after = state_fingerprints(model, skip=set(materialized))
+        after = state_hash(model, fingerprints=prints_after)
+        changed = sorted(name for name in {*prints_before, *prints_after} - set(materialized)
+                         if prints_before.get(name) != prints_after.get(name))
+        flags_back = all(module.training == flag for _, module, flag in flags)
         homes_back = (homes(model, offload) if offload else {}) == homes_before
+        replaced = undone.get("replaced", [])
         receipt = Receipt(
             hash_before=before, hash_after=after,
-            verified=before == after and flags_back and homes_back,
+            verified=before == after and flags_back and homes_back and not replaced,
             pinned={"mode": "eval", "grad": "enabled" if grad else "disabled", "surface": surface,
                     "rng": "forked (cpu" + (", cuda" if devices else "") + ")"},
             restored=["training flags", "rng state", "buffers"],
@@ -155,22 +312,48 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
                                                  *model.named_buffers()]
                           if n not in homes_before),
             offloaded=len(homes_before),
+            restored_buffers=undone.get("restored_buffers", []),
+            restored_flags=undone.get("restored_flags", []),
+            replaced=replaced, changed=changed,
         )
         box["receipt"] = receipt
         if not receipt.verified and error is None:
-            raise StateError(
-                f"{surface}: the model's parameters or buffers differ after the pinned capture "
-                f"(state hash {before[:12]} -> {after[:12]}); the forward mutated state that "
-                "TorchLens does not restore (e.g. an in-place write to a parameter)",
-                code="state_restore_failed",
-                teach=["tl.trace(model, x)  # the power surface keeps your modes and reports no "
-                       "receipt", "inspect the forward for in-place writes to parameters"],
-            )
+            raise StateError(_mismatch(surface, receipt), code="state_restore_failed",
+                             teach=["tl.trace(model, x)  # the power surface keeps your modes "
+                                    "and reports no receipt",
+                                    "inspect the forward for in-place writes to parameters or "
+                                    "parameters assigned anew"])
+
+
+def _mismatch(surface: str, r: Receipt) -> str:
+    """The state_restore_failed message: what differs, by name."""
+    what = []
+    if r.replaced:
+        what.append(f"it replaced parameters {_names(r.replaced)} with new tensor objects "
+                    "(the originals are put back)")
+    if r.changed:
+        what.append(f"tensors {_names(r.changed)} differ after the restore (state hash "
+                    f"{r.hash_before[:12]} -> {r.hash_after[:12]}): the forward mutated state "
+                    "that TorchLens does not restore (e.g. an in-place write to a parameter)")
+    if not what:
+        what.append("training flags or offloaded tensors' homes did not come back")
+    return f"{surface}: the model's state differs after the pinned capture: " + "; ".join(what)
+
+
+_warmed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> input signatures
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    """The inputs' shapes, dtypes and devices: what first-call setup (kernel choice, allocator
+    growth) depends on."""
+    return tuple((k, tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor)
+                 else (k, type(v).__name__) for k, v in [*enumerate(args), *kwargs.items()])
 
 
 def warm_up(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
     """One uncaptured forward under its own RNG fork (the capture then draws the same random
-    numbers it would have drawn first), skipped while lazy parameters are pending."""
+    numbers it would have drawn first), the first time this process captures ``model`` on
+    inputs of this signature; skipped while lazy parameters are pending."""
     lazy = pending_lazy(model)
     if lazy:
         return {"warmup_forwards": 0, "note": f"no warm-up: lazy parameters {sorted(lazy)[:3]} "
@@ -178,10 +361,17 @@ def warm_up(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
     if is_meta(model):
         return {"warmup_forwards": 0, "note": "no warm-up: a meta model computes no values, so "
                 "its times are the cost of tracing shapes"}
+    signature = _signature(args, kwargs)
+    seen = _warmed.setdefault(model, set())
+    if signature in seen:
+        return {"warmup_forwards": 0, "warm": True,
+                "note": "measured after this process already ran this model on inputs of this "
+                        "shape (one-time setup excluded; no warm-up forward needed)"}
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
         model(*args, **kwargs)
+    seen.add(signature)
     return {"warmup_forwards": 1, "warmup_ms": round((time.perf_counter() - t0) * 1e3, 3),
             "note": "one uncaptured warm-up forward ran first, under the same pinning, so "
                     "one-time setup (first-call kernels, allocator growth) is not timed"}
