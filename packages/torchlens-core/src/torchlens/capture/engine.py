@@ -220,6 +220,7 @@ def _install_module_hooks(named_modules, state, calls, save_modules):
     counts: dict[str, int] = {}
     frames = state.frames
     addresses: dict[int, str] = {}  # submodules the process-wide hooks serve
+    clock = time.perf_counter_ns
 
     def pre(mod, args, address=None):
         if address is None:
@@ -231,8 +232,7 @@ def _install_module_hooks(named_modules, state, calls, save_modules):
             del mod._torchlens_paused
         n = counts.get(address, 0) + 1
         counts[address] = n
-        stack = frames[-1][6] + (f"{address}:{n}",)
-        frames.append([address, n, {}, len(state.records), time.perf_counter_ns(), mod, stack])
+        frames.append([address, n, None, len(state.records), clock(), mod, frames[-1]])
 
     def post(mod, args, output, address=None):
         # runs between two ops of the user's forward, like the recorder: kept short
@@ -253,18 +253,22 @@ def _install_module_hooks(named_modules, state, calls, save_modules):
                 state.light[key] = state.keep(key, found[0] if len(found) == 1 else found)
             return
         tensors = state.tensors
-        with DisableTorchFunction():  # tensor attributes here would go through the recorder
-            # (record index, which tensor of its output) of each output tensor a recorded op made
-            outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
-                    for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
-            if save_modules and address in save_modules:
-                for t in found:
-                    index = state.producer(t)
-                    if index is not None and index not in state.values:
-                        state.values[index] = snapshot(t)
+        # (record index, which tensor of its output) of each output tensor a recorded op made
+        if not state.writes and not save_modules:  # nothing written in place: no version check
+            outs = [(e[0], e[3]) for t in found
+                    if (e := tensors.get(id(t))) is not None and e[1]() is t]
+        else:
+            with DisableTorchFunction():  # tensor attributes here would go through the recorder
+                outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
+                        for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
+                if save_modules and address in save_modules:
+                    for t in found:
+                        index = state.producer(t)
+                        if index is not None and index not in state.values:
+                            state.values[index] = snapshot(t)
         # (address, pass, module, first record, end record, outputs, time)
         calls.append((address, frame[1], mod, frame[3], len(state.records), outs,
-                      time.perf_counter_ns() - frame[4]))
+                      clock() - frame[4]))
 
     def pause(mod, args):
         # a lazy module: runs before its own initializing pre-hook; ``pre`` ends the pause
@@ -292,6 +296,16 @@ def _pop_frame(frames: list, address: str) -> list | None:
         if frames[i][0] == address:
             return frames.pop(i)
     return None
+
+
+def _stack(frame: list, stacks: dict[int, list[str]]) -> list[str]:
+    """The module calls enclosing ``frame`` and itself, outermost first ("address:pass")."""
+    stack = stacks.get(id(frame))
+    if stack is None:
+        parent = frame[6]
+        stack = [] if parent is None else [*_stack(parent, stacks), f"{frame[0]}:{frame[1]}"]
+        stacks[id(frame)] = stack
+    return stack
 
 
 def _written_output(state: CaptureState, t: torch.Tensor, entry: tuple) -> tuple[int, int]:
@@ -436,6 +450,7 @@ def _objects(state, calls, named_modules, param_facts, buffer_facts, aliases, ho
     labels: list[str] = []
     values = state.values
     names: dict[Any, str] = {}  # str() of each dtype and device once, not once per op
+    stacks: dict[int, list[str]] = {}
     for i, rec in enumerate(records):
         (func, frame, parents, params_used, buffers_used, shape, dtype, device, out_shapes, nbytes,
          inplace, is_view, flops, time_ns, label, kind, slot) = rec
@@ -459,7 +474,8 @@ def _objects(state, calls, named_modules, param_facts, buffer_facts, aliases, ho
             i, label, base, pass_num, kind, func, [labels[p] for p in parents], [], shape,
             dtype_name, device_name,
             [list(s) for s in out_shapes] if out_shapes is not None else [list(shape)], nbytes,
-            frame[0], frame[1], list(frame[6]), module_outputs.get(i, []), list(params_used),
+            frame[0], frame[1], _stack(frame, stacks).copy(), module_outputs.get(i, []),
+            list(params_used),
             list(buffers_used), time_ns, flops, inplace, is_view, slot, i in values, {},
             values.get(i),
         ))

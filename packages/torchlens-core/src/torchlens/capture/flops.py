@@ -29,14 +29,10 @@ def _shape(t: Any) -> list[int] | None:
     return list(t) if isinstance(t, torch.Size) else None
 
 
-def shapes(args: tuple, kwargs: dict) -> tuple[list, dict]:
-    """The call's arguments with every tensor replaced by its shape (nothing kept alive)."""
-    return ([a.shape if isinstance(a, torch.Tensor) else a for a in args],
-            {k: v.shape if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-            if kwargs else _NO_KWARGS)
-
-
-_NO_KWARGS: dict = {}  # shared by every call without keywords (formulas only read it)
+def shapes(kwargs: dict) -> dict:
+    """Keyword arguments with every tensor replaced by its shape (nothing kept alive); the
+    recorder does the same for positional ones inline."""
+    return {k: v.shape if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
 def _arg(args, kwargs, i, name):

@@ -69,8 +69,9 @@ class CaptureState:
         self.writes: dict[int, list[tuple]] = {}
         self.param_ids, self.buffer_ids = param_ids, buffer_ids
         self.save_all, self.save_labels = save_all, save_labels
-        # [address, pass, per-call name counters, first record, start ns, module, stack labels]
-        self.frames: list[list] = [["", 1, {}, 0, 0, None, ()]]
+        # [address, pass, per-call name counters (made on first use), first record, start ns,
+        #  module, enclosing frame (None for the root)]
+        self.frames: list[list] = [["", 1, None, 0, 0, None, None]]
         self.sites: dict[tuple, str] = {}
         self.name_counts: dict[str, int] = {}
         self.failure: dict[str, Any] | None = None
@@ -153,6 +154,8 @@ class CaptureState:
         if frame is None:
             frame = self.frames[-1]
         counters = frame[2]
+        if counters is None:
+            counters = frame[2] = {}
         ordinal = counters.get(name, 0) + 1
         counters[name] = ordinal
         site = (frame[0], name, ordinal)
@@ -311,7 +314,8 @@ class Recorder(TorchFunctionMode):
                 entry = tensors.get(key)
                 if entry is not None and entry[1]() is t:
                     # a parameter or buffer written in place in the forward reads from its writer
-                    index = entry[0] if t._version == entry[2] else s.producer(t)
+                    index = entry[0] if not s.writes or t._version == entry[2] else \
+                        s.producer(t)
                     if index not in parents:
                         parents.append(index)
             else:
@@ -330,7 +334,9 @@ class Recorder(TorchFunctionMode):
         s.records.append((
             name, frame, parents, params, buffers, main.shape, main.dtype, main.device, out_shapes,
             nbytes, inplace, not inplace and main._is_view(),
-            shapes(args, kwargs) if name in FORMULAS else None, elapsed, label, "op", None))
+            ([a.shape if isinstance(a, Tensor) else a for a in args],
+             shapes(kwargs) if kwargs else kwargs) if name in FORMULAS else None,
+            elapsed, label, "op", None))
         if s.calls is not None:
             self._keep_for_replay(index, func, args, kwargs, out, out_tensors or [main])
         ref = _ref(main)
