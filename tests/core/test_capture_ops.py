@@ -252,3 +252,13 @@ def test_user_hooks_run_inside_their_module_and_are_kept():
 
     assert not torch_module._global_forward_hooks
     assert not torch_module._global_forward_pre_hooks
+
+
+def test_saving_a_module_adds_no_ops_of_its_own():
+    """The copy kept of a saved module's output is not an op of the model."""
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2)).eval()
+    x = torch.randn(1, 4)
+    by_module = tl.trace(model, x, save=["0"])
+    assert [op.label for op in by_module] == [op.label for op in tl.trace(model, x, save="all")]
+    assert [op.func for op in by_module] == ["input", "linear", "relu", "linear", "output"]
+    assert torch.equal(by_module["0"].out, torch.relu(model[0][0](x)))

@@ -34,6 +34,8 @@ class Net(nn.Module):
                 self.w.view(-1)[7 % self.w.numel()].add_(1.0)
         elif self.change == "data":
             self.w.data.view(-1)[-1] = 5.0
+        elif self.change == "data_out":
+            torch.mul(self.w.data, 2.0, out=self.w.data)
         elif self.change == "copy_buffer":
             self.sub.stat.copy_(x.detach())
         elif self.change == "replace":
@@ -59,8 +61,9 @@ def test_inplace_parameter_write_fails_naming_it(size):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_data_write_fails_naming_it(size):
-    model = Net("data", SIZES[size])
+@pytest.mark.parametrize("change", ["data", "data_out"])
+def test_data_write_fails_naming_it(size, change):
+    model = Net(change, SIZES[size])
     version = model.w._version
     with pytest.raises(tl.TorchLensError) as err:
         tl.summary(model, torch.rand(3))
@@ -181,3 +184,19 @@ def test_the_accelerator_path_gives_the_host_fingerprints():
     device_path = policy._digests([changed, tensors[1]], host=())
     assert device_path[id(changed)] != policy._digests(tensors)[id(tensors[0])]
     assert device_path[id(tensors[1])] == policy._digests(tensors)[id(tensors[1])]
+
+
+def test_the_receipt_reads_no_tensor_bytes(monkeypatch):
+    """Its cost must not grow with the state dict: no fingerprint of any tensor's bytes."""
+    from torchlens.capture import policy as pol
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the receipt read tensor bytes")
+
+    monkeypatch.setattr(pol, "state_fingerprints", refuse)
+    monkeypatch.setattr(pol, "_digests", refuse)
+    model = Net("none", SIZES["large"])
+    s = tl.summary(model, torch.rand(3))
+    assert s.receipt.verified and not s.receipt.changed
+    with pytest.raises(tl.TorchLensError):
+        tl.summary(Net("data", SIZES["large"]), torch.rand(3))

@@ -30,6 +30,7 @@ from .flops import flops_of
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
 from .offload import homes, hooked, quiet_hooks
+from .policy import note_writes
 from .recorder import R_DEVICE, R_LABEL, R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
 _active = threading.local()
@@ -108,6 +109,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
         _active.depth -= 1
         for h in handles:
             h.remove()
+        note_writes(state.writes)
         lost = _settle(state, inv, args, kwargs)
         partial = _build(model, inv, state, calls, None, time.perf_counter_ns() - t0, save,
                          provenance, is_partial=True)
@@ -119,6 +121,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     _active.depth -= 1
     for h in handles:
         h.remove()
+    note_writes(state.writes)
     lost = _settle(state, inv, args, kwargs)
     _check_selection(state.records, save_labels)
     result = _build(model, inv, state, calls, structure, time.perf_counter_ns() - t0, save,

@@ -1,12 +1,13 @@
 """Execution policy of the pinned surfaces: eval + no-grad, forked RNG, restored state, a receipt.
 
 ``pinned(model)`` snapshots every module's ``training`` flag, the RNG streams (CPU and CUDA), every
-buffer and the tensor object in each parameter and buffer slot, fingerprints the state dict, runs
-the body in eval + no-grad, then restores and re-fingerprints. A tensor's fingerprint hashes the
-wrapping row and column sums of its bytes as int64 words in rows of 1024 (``Receipt.algorithm``):
-any change of one or two words alters it, and it costs about one read of memory (a crc32 of
-every byte cost several). The receipt says what was pinned and restored, names the buffers and
-flags the body changed, and whether the state verifies.
+buffer, and each parameter and buffer slot's tensor object, storage and version counter; runs the
+body in eval + no-grad; then restores and checks them, with the in-place writes the capture saw
+(``note_writes``). The receipt says what was pinned and restored, names what the body changed,
+and whether the state verifies. No tensor's bytes are re-read, so the check costs the same on a
+7B model as on a small one (``Receipt.algorithm`` says what that leaves unseen).
+``state_fingerprints``/``state_hash`` digest the bytes themselves (wrapping row and column sums
+of each tensor's words, one read of memory): a model fingerprint for stores and baselines.
 ``warm_up`` runs one uncaptured forward inside the pinning the first time a model is timed on
 inputs of one signature, so a timed capture after it does not count one-time setup.
 """
@@ -16,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..errors import StateError
+from .cow import storage_key
 from .inventory import inventory
 from .meta import is_meta
 from .offload import homes, hooked
@@ -43,12 +46,13 @@ class Receipt:
     restored: list[str]
     materialized: dict[str, list[int]] = field(default_factory=dict)
     algorithm: str = (
-        "sha256 over (name, shape, dtype, fingerprint) of every param and buffer; a tensor's "
-        "fingerprint is blake2b-64 of its bytes read as int64 words in rows of 1024: the rows' "
-        "and the columns' wrapping sums, then the last partial row's bytes as they are (a tensor "
-        "under 8 KiB: all its bytes). Any change of one or two words (a write, a swap) alters "
-        "it; a change that keeps every row and column sum (+d/-d at the corners of a rectangle) "
-        "would not. Each parameter and buffer slot must also still hold the same tensor object")
+        "sha256 over (name, shape, dtype, device, version counter) of every param and buffer. "
+        "Verified: each slot still holds the same tensor object on the same storage with the "
+        "same version counter (every in-place torch op moves it), no in-place write the capture "
+        "saw landed in a parameter's storage (this catches writes through .data, whose alias "
+        "has its own counter), every buffer equals its copy byte for byte (and is restored "
+        "when written). Bytes are not re-read, so a write no torch op makes (through a numpy "
+        "view, raw pointers in an extension) is not seen")
     no_values: int = 0  # meta tensors: shape, dtype and device verified, no bytes to hash
     offloaded: int = 0  # tensors accelerate keeps on cpu/disk between forwards: homes verified
     restored_buffers: list[str] = field(default_factory=list)  # the body wrote them; put back
@@ -194,11 +198,13 @@ def pending_lazy(model: nn.Module) -> dict[str, str]:
     return inventory(model).pending_lazy()
 
 
-def _slots(model: nn.Module, table: str, skip: set[str] | dict[str, str]) -> list[tuple]:
+def _slots(modules: list[tuple[str, nn.Module]], table: str,
+           skip: set[str] | dict[str, str]) -> list[tuple]:
     """(name, owning module, attribute, tensor) of every parameter or buffer (``table``:
-    ``_parameters`` / ``_buffers``), shared ones under each name; ``skip``: names left out."""
+    ``_parameters`` / ``_buffers``) of ``modules`` (``named_modules(remove_duplicate=False)``),
+    shared ones under each name; ``skip``: names left out."""
     return [(f"{prefix}.{local}" if prefix else local, module, local, t)
-            for prefix, module in model.named_modules(remove_duplicate=False)
+            for prefix, module in modules
             for local, t in getattr(module, table).items()
             if t is not None and not is_lazy(t)
             and (f"{prefix}.{local}" if prefix else local) not in skip]
@@ -245,12 +251,37 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list,
     with torch.no_grad():
         for name, module, local, live, saved in buffers:
             swapped = _put_back(module, "_buffers", local, live)
-            written = live.shape == saved.shape and not _same_bits(live, saved)
+            written = saved is not None and live.shape == saved.shape and \
+                not _same_bits(live, saved)
             if written:
                 live.copy_(saved)
             if swapped or written:
                 restored.append(name)
     receipt["restored_buffers"] = restored
+
+
+_watching = threading.local()  # per thread: the write sets of the open pinned blocks
+
+
+def note_writes(storages: Iterable[int]) -> None:
+    """A capture reports the storages its recorder saw written in place (through any alias,
+    ``.data`` included), for every pinned block open on this thread."""
+    for seen in getattr(_watching, "open", ()):
+        seen.update(storages)
+
+
+def _state(entries: list[tuple]) -> dict[str, tuple]:
+    """name -> (tensor object id, storage, shape, dtype, device, version counter)."""
+    return {name: (id(t), storage_key(t), tuple(t.shape), t.dtype, t.device, t._version)
+            for name, _, _, t in entries}
+
+
+def _digest(state: dict[str, tuple]) -> str:
+    """sha256 over every tensor's name, shape, dtype, device and version counter."""
+    digest = hashlib.sha256()
+    for name, (_, _, shape, dtype, device, version) in sorted(state.items()):
+        digest.update(f"{name}|{shape}|{dtype}|{device}|{version}\n".encode())
+    return digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -260,20 +291,28 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
 
     Yields a dict that receives ``receipt`` (a Receipt) when the block exits, also on error.
     Buffers the body writes or swaps, and flags it sets, are put back and named on the receipt;
-    a parameter it writes or swaps for a new object fails the check (``state_restore_failed``,
-    naming it), a swapped one after its original object is put back.
+    a parameter it writes (its version counter moved, or a capture saw a write land in its
+    storage) or swaps for a new object fails the check (``state_restore_failed``, naming it),
+    a swapped one after its original object is put back. No tensor's bytes are re-read: the
+    cost does not grow with the model's size beyond the buffers' copies.
     """
     box: dict[str, Any] = {}
     lazy_before = pending_lazy(model)
-    prints_before = state_fingerprints(model)
-    before = state_hash(model, fingerprints=prints_before)
-    offload = hooked(model.modules())
+    modules = list(model.named_modules(remove_duplicate=False))
+    offload = hooked(m for _, m in modules)
     homes_before = homes(model, offload) if offload else {}
     skip = {**lazy_before, **homes_before}
-    flags = [(name, m, m.training) for name, m in model.named_modules()]
-    params = _slots(model, "_parameters", skip)
-    buffers = [(name, module, local, b, b.detach().clone())
-               for name, module, local, b in _slots(model, "_buffers", skip) if not b.is_meta]
+    flags = [(name, m, m.training) for name, m in modules]
+    params = _slots(modules, "_parameters", skip)
+    buffer_slots = _slots(modules, "_buffers", skip)
+    buffers = [(name, module, local, b, None if b.is_meta else b.detach().clone())
+               for name, module, local, b in buffer_slots]  # meta ones: no bytes to copy
+    state_before = _state(params + buffer_slots)
+    storages = {key: name for name, (_, key, *_) in state_before.items()
+                if key > 0}  # meta and empty tensors have no storage of their own
+    seen: set[int] = set()
+    watching = _watching.__dict__.setdefault("open", [])
+    watching.append(seen)
     undone: dict[str, list[str]] = {}
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     devices = list(range(torch.cuda.device_count())) if cuda else []
@@ -284,33 +323,36 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
             try:
                 yield box
             finally:
+                watching.remove(seen)
                 _restore(model, flags, params, buffers, undone)
     except BaseException as exc:
         error = exc
         raise
     finally:
-        materialized = {
-            name: list(t.shape)
-            for name, t in list(model.named_parameters()) + list(model.named_buffers())
-            if name in lazy_before and not is_lazy(t)
-        }
-        prints_after = state_fingerprints(model, skip=set(materialized))
-        after = state_hash(model, fingerprints=prints_after)
-        changed = sorted(name for name in {*prints_before, *prints_after} - set(materialized)
-                         if prints_before.get(name) != prints_after.get(name))
+        modules = list(model.named_modules(remove_duplicate=False))
+        slots_after = _slots(modules, "_parameters", homes_before) + _slots(
+            modules, "_buffers", homes_before)
+        materialized = {name: list(t.shape) for name, _, _, t in slots_after
+                        if name in lazy_before}
+        restored = set(undone.get("restored_buffers", []))
+        state_after = _state([slot for slot in slots_after if slot[0] not in materialized])
+        for name in restored & state_after.keys() & state_before.keys():
+            state_after[name] = state_before[name]  # its bytes were compared and put back
+        written = {storages[key] for key in seen if key in storages} - restored
+        changed = sorted(written | {
+            name for name in {*state_before, *state_after} - set(materialized)
+            if state_before.get(name) != state_after.get(name)})
         flags_back = all(module.training == flag for _, module, flag in flags)
         homes_back = (homes(model, offload) if offload else {}) == homes_before
         replaced = undone.get("replaced", [])
         receipt = Receipt(
-            hash_before=before, hash_after=after,
-            verified=before == after and flags_back and homes_back and not replaced,
+            hash_before=_digest(state_before), hash_after=_digest(state_after),
+            verified=not changed and flags_back and homes_back and not replaced,
             pinned={"mode": "eval", "grad": "enabled" if grad else "disabled", "surface": surface,
                     "rng": "forked (cpu" + (", cuda" if devices else "") + ")"},
             restored=["training flags", "rng state", "buffers"],
             materialized=materialized,
-            no_values=sum(t.is_meta for n, t in [*model.named_parameters(),
-                                                 *model.named_buffers()]
-                          if n not in homes_before),
+            no_values=len({id(t) for _, _, _, t in slots_after if t.is_meta}),
             offloaded=len(homes_before),
             restored_buffers=undone.get("restored_buffers", []),
             restored_flags=undone.get("restored_flags", []),

@@ -353,6 +353,10 @@ class Recorder(TorchFunctionMode):
         if inplace:
             s.writes.setdefault(storage_key(first), []).append(
                 (index, first.storage_offset(), tuple(first.shape), first.stride()))
+        if kwargs and kwargs.get("out") is not None:  # written through out=: a write too
+            for t in out_tensors or [main]:
+                s.writes.setdefault(storage_key(t), []).append(
+                    (index, t.storage_offset(), tuple(t.shape), t.stride()))
         return out
 
     def _keep_for_replay(self, index, func, args, kwargs, out, out_tensors) -> None:
