@@ -60,13 +60,16 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
 
 
 def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str,
-                   warmup: bool = False) -> Trace:
+                   warmup: bool = False, inv: Inventory | None = None) -> Trace:
     """One capture in eval + no-grad with state restored; the receipt rides on the trace.
     ``warmup``: one uncaptured forward first, inside the same pinning, so one-time setup is not
-    timed as a layer's cost (disclosed in ``trace.meta["timing"]``)."""
-    with pinned(model, surface) as box:
-        timing = warm_up(model, args, kwargs) if warmup else None
-        result = capture(model, args, kwargs, save=save)
+    timed as a layer's cost (disclosed in ``trace.meta["timing"]``). ``inv``: the model's
+    inventory when the caller took it with no forward since."""
+    inv = inv or inventory(model)
+    with pinned(model, surface, inv=inv) as box:
+        timing = warm_up(model, args, kwargs, inv) if warmup else None
+        result = capture(model, args, kwargs, save=save, inv=None if timing and timing.get(
+            "warmup_forwards") else inv)
     result.receipt = box["receipt"]
     result.meta["receipt"] = box["receipt"].as_dict()
     if timing is not None:
@@ -180,7 +183,7 @@ def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, inp
     if result is None:
         with forward_errors(res, surface):
             result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface,
-                                    warmup=warmup)
+                                    warmup=warmup, inv=res.inventory)
     result.provenance = res.provenance
     result._objects.update({"model": model, "rerun": rerun, **res.objects})
     return result

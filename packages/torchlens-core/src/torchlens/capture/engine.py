@@ -357,37 +357,41 @@ _PLAIN = (bool, int, float, str)
 
 
 def _add_outputs(state: CaptureState, out: Any) -> dict:
-    counter = [0]
+    return _output_node(state, out, "", 0, [0])
 
-    def walk(value, path, depth):
-        if isinstance(value, torch.Tensor):
-            counter[0] += 1
-            label = f"output_{counter[0]}"
-            producer = state.producer(value)
-            index = len(state.records)
-            state.records.append(_leaf_record(
-                state, "output", label, value,
-                [producer] if producer is not None else [], path or "output"))
-            if state.keep_outputs:
-                state.values[index] = snapshot(value)
-            return {"type": "tensor", "label": label}
-        if depth < 8 and isinstance(value, Mapping):
-            keys = [k if isinstance(k, _PLAIN) else str(k) for k in value]
-            return {"type": "dict", "cls": type(value).__name__, "keys": keys,
-                    "items": [walk(value[k], f"{path}[{k!r}]", depth + 1) for k in value]}
-        if depth < 8 and isinstance(value, (tuple, list)):
-            return {"type": "list" if isinstance(value, list) else "tuple",
-                    "cls": type(value).__name__,
-                    "items": [walk(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]}
-        node = {"type": "value", "cls": type(value).__name__, "repr": repr(value)[:200]}
-        if value is None or isinstance(value, _PLAIN):
-            node["value"] = value  # JSON-safe: saved as it is
-        else:
-            node["object"] = len(state.output_objects)  # kept in memory, never saved
-            state.output_objects.append(value)
-        return node
 
-    return walk(out, "", 0)
+def _output_node(state: CaptureState, value: Any, path: str, depth: int, counter: list) -> dict:
+    """The output structure's node for ``value``; a tensor gets an output record. (A module
+    function, not a closure calling itself: such a closure is a reference cycle that would keep
+    the capture's state alive until the collector runs.)"""
+    if isinstance(value, torch.Tensor):
+        counter[0] += 1
+        label = f"output_{counter[0]}"
+        producer = state.producer(value)
+        index = len(state.records)
+        state.records.append(_leaf_record(
+            state, "output", label, value,
+            [producer] if producer is not None else [], path or "output"))
+        if state.keep_outputs:
+            state.values[index] = snapshot(value)
+        return {"type": "tensor", "label": label}
+    if depth < 8 and isinstance(value, Mapping):
+        keys = [k if isinstance(k, _PLAIN) else str(k) for k in value]
+        return {"type": "dict", "cls": type(value).__name__, "keys": keys,
+                "items": [_output_node(state, value[k], f"{path}[{k!r}]", depth + 1, counter)
+                          for k in value]}
+    if depth < 8 and isinstance(value, (tuple, list)):
+        return {"type": "list" if isinstance(value, list) else "tuple",
+                "cls": type(value).__name__,
+                "items": [_output_node(state, v, f"{path}[{i}]", depth + 1, counter)
+                          for i, v in enumerate(value)]}
+    node = {"type": "value", "cls": type(value).__name__, "repr": repr(value)[:200]}
+    if value is None or isinstance(value, _PLAIN):
+        node["value"] = value  # JSON-safe: saved as it is
+    else:
+        node["object"] = len(state.output_objects)  # kept in memory, never saved
+        state.output_objects.append(value)
+    return node
 
 
 def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, provenance,

@@ -30,7 +30,7 @@ from torch.nn.parameter import is_lazy
 
 from ..errors import StateError
 from .cow import storage_key
-from .inventory import inventory
+from .inventory import Inventory, inventory
 from .meta import is_meta
 from .offload import homes, hooked
 
@@ -285,7 +285,8 @@ def _digest(state: dict[str, tuple]) -> str:
 
 
 @contextlib.contextmanager
-def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[str, Any]]:
+def pinned(model: nn.Module, surface: str, grad: bool = False,
+           inv: Inventory | None = None) -> Iterator[dict[str, Any]]:
     """Run the body in eval + no-grad (grad stays on when ``grad``) with forked RNG; restore and
     verify afterwards.
 
@@ -294,10 +295,11 @@ def pinned(model: nn.Module, surface: str, grad: bool = False) -> Iterator[dict[
     a parameter it writes (its version counter moved, or a capture saw a write land in its
     storage) or swaps for a new object fails the check (``state_restore_failed``, naming it),
     a swapped one after its original object is put back. No tensor's bytes are re-read: the
-    cost does not grow with the model's size beyond the buffers' copies.
+    cost does not grow with the model's size beyond the buffers' copies. ``inv``: the model's
+    inventory, when the caller just took it.
     """
     box: dict[str, Any] = {}
-    lazy_before = pending_lazy(model)
+    lazy_before = (inv or inventory(model)).pending_lazy()
     modules = list(model.named_modules(remove_duplicate=False))
     offload = hooked(m for _, m in modules)
     homes_before = homes(model, offload) if offload else {}
@@ -392,15 +394,17 @@ def _signature(args: tuple, kwargs: dict) -> tuple:
                  else (k, type(v).__name__) for k, v in [*enumerate(args), *kwargs.items()])
 
 
-def warm_up(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+def warm_up(model: nn.Module, args: tuple, kwargs: dict,
+            inv: Inventory | None = None) -> dict[str, Any]:
     """One uncaptured forward under its own RNG fork (the capture then draws the same random
     numbers it would have drawn first), the first time this process captures ``model`` on
     inputs of this signature; skipped while lazy parameters are pending."""
-    lazy = pending_lazy(model)
+    inv = inv or inventory(model)
+    lazy = inv.pending_lazy()
     if lazy:
         return {"warmup_forwards": 0, "note": f"no warm-up: lazy parameters {sorted(lazy)[:3]} "
                 "materialize in the captured forward, so its times include that setup"}
-    if is_meta(model):
+    if inv.has_meta and is_meta(model):
         return {"warmup_forwards": 0, "note": "no warm-up: a meta model computes no values, so "
                 "its times are the cost of tracing shapes"}
     signature = _signature(args, kwargs)
