@@ -149,41 +149,33 @@ def time_once(fn: Callable[[], Any]) -> float:
 def time_rounds(methods: dict[str, Callable[[], Any]], *, runs: int, warmup: int,
                 on_error: Callable[[str, BaseException], None] | None = None,
                 gc_out: dict[str, dict[str, Any]] | None = None) -> dict[str, list[float]]:
-    """Time every method ``runs`` times after ``warmup`` untimed calls each.
+    """Time every method ``runs`` times, back to back, after ``warmup`` untimed calls each.
 
-    The methods are interleaved round by round (plain forward, then each tool, then the next round),
-    so slow drift from other load on the machine hits them all alike. One ``gc.collect()`` runs
-    before the warm-up, none after it. ``gc_out`` (if given) receives, per method, the collector's
-    seconds in each timed call and its count of collections (all / full). A method that raises is
-    dropped from later rounds and reported through ``on_error``.
+    Each method runs its calls in one block, as a user's loop does: the collections its own
+    garbage triggers land in its own calls, and a ``gc.collect()`` between two methods' blocks
+    (never between calls) keeps one method from paying for another's garbage. ``gc_out`` (if
+    given) receives, per method, the collector's seconds in each timed call and its count of
+    collections (all / full). A method that raises is reported through ``on_error``.
     """
-    alive = dict(methods)
     samples: dict[str, list[float]] = {name: [] for name in methods}
     gc_runs = {name: {"seconds": [], "collections": 0, "full": 0} for name in methods}
-    gc.collect()
-    for name, fn in list(alive.items()):
+    for name, fn in methods.items():
+        gc.collect()
         try:
             for _ in range(warmup):
                 time_once(fn)
+            with GcClock() as clock:
+                for _ in range(runs):
+                    before = (clock.seconds, clock.collections, clock.full)
+                    samples[name].append(time_once(fn))
+                    g = gc_runs[name]
+                    g["seconds"].append(clock.seconds - before[0])
+                    g["collections"] += clock.collections - before[1]
+                    g["full"] += clock.full - before[2]
         except Exception as err:  # one broken tool must not stop the run
-            alive.pop(name)
+            samples[name] = []
             if on_error:
                 on_error(name, err)
-    with GcClock() as clock:
-        for _ in range(runs):
-            for name, fn in list(alive.items()):
-                before = (clock.seconds, clock.collections, clock.full)
-                try:
-                    samples[name].append(time_once(fn))
-                except Exception as err:
-                    alive.pop(name)
-                    if on_error:
-                        on_error(name, err)
-                    continue
-                g = gc_runs[name]
-                g["seconds"].append(clock.seconds - before[0])
-                g["collections"] += clock.collections - before[1]
-                g["full"] += clock.full - before[2]
     if gc_out is not None:
         gc_out.update(gc_runs)
     return samples
