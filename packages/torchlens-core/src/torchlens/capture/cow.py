@@ -103,19 +103,21 @@ class Held:
     def __init__(self, values: dict[int, Any]):
         self.values = values
         self.by_storage: dict[int, list[int]] = {}
-        self.entries: dict[int, tuple[int, Any, int]] = {}  # index -> (version, ref, storage)
+        # index -> (version, ref, storage, may be a view)
+        self.entries: dict[int, tuple[int, Any, int, bool]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.entries)
 
-    def keep(self, index: int, t: Tensor, ref: Any) -> None:
-        """Save op ``index``'s output ``t`` by reference."""
+    def keep(self, index: int, t: Tensor, ref: Any, view: bool = True) -> None:
+        """Save op ``index``'s output ``t`` by reference (``view``: it may alias a larger
+        storage)."""
         try:
             key = t.untyped_storage().data_ptr()
         except Exception:
             key = -1
         self.values[index] = t.detach()
-        self.entries[index] = (t._version, ref, key)
+        self.entries[index] = (t._version, ref, key, view)
         self.by_storage.setdefault(key, []).append(index)
 
     def before_write(self, targets: list[Tensor]) -> None:
@@ -136,14 +138,14 @@ class Held:
         could not see has written since (its value is lost)."""
         lost = []
         sharing = {key: len(indices) for key, indices in self.by_storage.items()}
-        for index, (version, ref, key) in list(self.entries.items()):
+        for index, (version, ref, key, view) in list(self.entries.items()):
             value = self.values[index]
             if value._version != version and value.numel():  # an empty tensor holds nothing
                 self.entries.pop(index)
                 del self.values[index]
                 lost.append(index)
             elif ref() is not None or key in protected or (
-                    sharing.get(key) == 1
+                    view and sharing.get(key) == 1
                     and value.untyped_storage().nbytes() > value.numel() * value.element_size()):
                 self._own(index)
         self.by_storage.clear()

@@ -143,7 +143,8 @@ def _settle(state: CaptureState, inv: Inventory, args: tuple, kwargs: dict) -> l
     found: list = []
     _leaves((args, kwargs), found)
     protected = {storage_key(t) for t in found}
-    protected.update(storage_key(t) for _, t in inv.params + inv.buffers if not is_lazy(t))
+    lazy = inv.lazy
+    protected.update(storage_key(t) for name, t in inv.params + inv.buffers if name not in lazy)
     return state.held.settle(protected)
 
 

@@ -44,6 +44,8 @@ _PASSTHROUGH = {
 _SETITEM = Tensor.__setitem__
 _NONE: tuple = ()
 _EMPTY: dict = {}  # kwargs of a call without any (never written)
+# calls whose output shares its input's storage without being a view in autograd's sense
+_ALIASES = frozenset({"detach", "data", "alias", "set_"})
 # element types of a tuple/list argument that cannot hold a tensor (strides, paddings, sizes)
 _SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), torch.Size})
 
@@ -331,9 +333,10 @@ class Recorder(TorchFunctionMode):
         else:
             out_shapes = [t.shape for t in out_tensors]
             nbytes = sum(t.element_size() * t.numel() for t in out_tensors)
+        is_view = not inplace and main._is_view()
         s.records.append((
             name, frame, parents, params, buffers, main.shape, main.dtype, main.device, out_shapes,
-            nbytes, inplace, not inplace and main._is_view(),
+            nbytes, inplace, is_view,
             ([a.shape if isinstance(a, Tensor) else a for a in args],
              shapes(kwargs) if kwargs else kwargs) if name in FORMULAS else None,
             elapsed, label, "op", None))
@@ -342,7 +345,7 @@ class Recorder(TorchFunctionMode):
         ref = _ref(main)
         if s.save_all or (label is not None and (label in s.save_labels or base in s.save_labels)):
             if out_shapes is None and s.held is not None:
-                s.held.keep(index, main, ref)
+                s.held.keep(index, main, ref, is_view or inplace or name in _ALIASES)
             else:
                 s.values[index] = snapshot(out if out_shapes else main)
         if out_tensors is None:
