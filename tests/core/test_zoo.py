@@ -11,6 +11,7 @@ from tests.models.zoo import PURE_CASES
 
 from .zoo_checks import (
     check_labels_stable,
+    check_light_capture_matches_trace,
     check_module_outputs_saved,
     check_output_equals_plain_forward,
 )
@@ -31,3 +32,8 @@ def test_op_counts_and_labels_identical_across_traces(name):
 @pytest.mark.parametrize("name", [n for n in NAMES if PURE_CASES[n].module_outputs])
 def test_saved_activations_equal_module_outputs(name):
     check_module_outputs_saved(PURE_CASES[name])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_light_capture_labels_and_keeps_what_a_trace_does(name):
+    check_light_capture_matches_trace(PURE_CASES[name])

@@ -76,3 +76,25 @@ def check_module_outputs_saved(case: ZooCase) -> None:
             assert f"{address}:{call.pass_num}" in op.module_outputs
             assert torch.equal(call.out, expected)
             assert torch.equal(op.out, expected)
+
+
+def check_light_capture_matches_trace(case: ZooCase) -> None:
+    """``tl.record``'s light capture labels and keeps exactly what a full trace does: every
+    third op label, picked across function names, gives the trace's values."""
+    from torchlens.capture.engine import capture_selected
+
+    model, x = case.build()
+    torch.manual_seed(9)
+    with torch.no_grad():
+        trace = tl.trace(model, x)
+    picked = [op.label for op in trace if op.kind == "op"][::3]
+    args, kwargs = (((), x) if isinstance(x, dict) else ((x if isinstance(x, tuple) else (x,)), {}))
+    model, _ = case.build()
+    torch.manual_seed(9)
+    with torch.no_grad():
+        kept = capture_selected(model, args, kwargs, picked)
+    assert set(picked) <= set(kept)  # a first-pass label also selects the later passes
+    assert all(label.partition(":")[0] in picked for label in kept)
+    for label in kept:
+        a, b = _flat(kept[label]), _flat(trace[label].out)
+        assert len(a) == len(b) and all(torch.equal(u, v) for u, v in zip(a, b)), label

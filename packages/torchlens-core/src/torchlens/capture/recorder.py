@@ -387,14 +387,27 @@ class Recorder(TorchFunctionMode):
         }
 
 
+def label_names(labels: set[str]) -> set[str]:
+    """The function names the op labels are made of (``linear_3:2`` -> ``linear``)."""
+    return {label.partition(":")[0].rpartition("_")[0] for label in labels}
+
+
 class LightRecorder(Recorder):
-    """Labels every call exactly like Recorder but keeps only the selected activations."""
+    """Labels calls exactly like Recorder but keeps only the selected activations. A label
+    counts only calls of its own function name, so calls of other names are not counted."""
+
+    def __init__(self, state: CaptureState):
+        super().__init__(state)
+        self.names = label_names(state.save_labels)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         s = self.state
         if func in _PASSTHROUGH or s.suspended:
             return func(*args, **kwargs) if kwargs else func(*args)
         out = func(*args, **kwargs) if kwargs else func(*args)
+        name = _names.get(func) or func_name(func)
+        if name not in self.names:
+            return out
         tensors = [out] if type(out) is Tensor else tensor_outputs(func, args[0] if args else None,
                                                                    out)
         if tensors is None:
@@ -402,7 +415,7 @@ class LightRecorder(Recorder):
         for a in args:
             if type(a) is not Tensor and isinstance(a, UninitializedTensorMixin):
                 return out
-        label, base, _ = s.label_for(_names.get(func) or func_name(func))
+        label, base, _ = s.label_for(name)
         if label in s.save_labels or base in s.save_labels:
             s.light[label] = s.keep(label, out if len(tensors) > 1 else tensors[0])
         return out
