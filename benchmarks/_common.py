@@ -146,36 +146,54 @@ def time_once(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def time_rounds(methods: dict[str, Callable[[], Any]], *, runs: int, warmup: int,
+def time_rounds(methods: dict[str, Callable[[], Any]], *, runs: int, warmup: int, block: int = 5,
                 on_error: Callable[[str, BaseException], None] | None = None,
                 gc_out: dict[str, dict[str, Any]] | None = None) -> dict[str, list[float]]:
-    """Time every method ``runs`` times, back to back, after ``warmup`` untimed calls each.
+    """Time every method ``runs`` times after ``warmup`` untimed calls each, in blocks.
 
-    Each method runs its calls in one block, as a user's loop does: the collections its own
-    garbage triggers land in its own calls, and a ``gc.collect()`` between two methods' blocks
-    (never between calls) keeps one method from paying for another's garbage. ``gc_out`` (if
-    given) receives, per method, the collector's seconds in each timed call and its count of
-    collections (all / full). A method that raises is reported through ``on_error``.
+    Each round gives every method one block of ``block`` back-to-back calls, as a user's loop
+    makes them: the collections its own garbage triggers land in its own calls. Before a block
+    one ``gc.collect()`` and one untimed call run, so no method pays for another's garbage (that
+    can only favour a method whose reference cycles would later force full collections, never
+    TorchLens, which leaves none). The order of the methods rotates each round, so drift and
+    order effects hit them all alike. ``gc_out`` (if given) receives, per method, the
+    collector's seconds in each timed call and its count of collections (all / full). A method
+    that raises is dropped and reported through ``on_error``.
     """
+    alive = dict(methods)
     samples: dict[str, list[float]] = {name: [] for name in methods}
     gc_runs = {name: {"seconds": [], "collections": 0, "full": 0} for name in methods}
-    for name, fn in methods.items():
-        gc.collect()
+
+    def drop(name: str, err: BaseException) -> None:
+        alive.pop(name, None)
+        samples[name] = []
+        if on_error:
+            on_error(name, err)
+
+    for name, fn in list(alive.items()):
         try:
             for _ in range(warmup):
                 time_once(fn)
-            with GcClock() as clock:
-                for _ in range(runs):
-                    before = (clock.seconds, clock.collections, clock.full)
-                    samples[name].append(time_once(fn))
-                    g = gc_runs[name]
-                    g["seconds"].append(clock.seconds - before[0])
-                    g["collections"] += clock.collections - before[1]
-                    g["full"] += clock.full - before[2]
         except Exception as err:  # one broken tool must not stop the run
-            samples[name] = []
-            if on_error:
-                on_error(name, err)
+            drop(name, err)
+    rounds = -(-runs // block)
+    with GcClock() as clock:
+        for r in range(rounds):
+            names = list(alive)
+            for name in names[r % len(names):] + names[:r % len(names)] if names else []:
+                fn = alive[name]
+                gc.collect()
+                try:
+                    time_once(fn)
+                    for _ in range(min(block, runs - r * block)):
+                        before = (clock.seconds, clock.collections, clock.full)
+                        samples[name].append(time_once(fn))
+                        g = gc_runs[name]
+                        g["seconds"].append(clock.seconds - before[0])
+                        g["collections"] += clock.collections - before[1]
+                        g["full"] += clock.full - before[2]
+                except Exception as err:
+                    drop(name, err)
     if gc_out is not None:
         gc_out.update(gc_runs)
     return samples

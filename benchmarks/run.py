@@ -2,15 +2,15 @@
 
 Everything runs on the CPU. For tinyops (300 x ``Linear(8, 8)``, relu, ``+ 1`` on 1x8: ~900
 dispatch-bound ops), torchvision resnet18 (1x3x224x224) and GPT-2 (``GPT2Config()``: 12 layers, 768
-wide, random init, 32 token ids) it times, each in one block of back-to-back calls (no
-``gc.collect()`` between calls, one between two methods' blocks), the plain forward under
-``torch.no_grad()``, a bare ``TorchFunctionMode`` (the floor of a Python-level mode),
-``tl.trace(save=None)``, ``tl.trace(save="all")``, ``tl.record`` of 4 ops, ``tl.summary``, the
-pinned capture ``tl.draw`` makes and the whole ``tl.draw``, torchinfo's ``summary`` and torchview's
-``draw_graph``; torchlens 2.36.1 runs in its own process (the ``bench-peer`` env) against its own
-plain forward. Every figure is a ratio of means to the plain forward of the process that measured it
-(medians shown too), and a time per op. Then GPT-2 at 2, 4, 8 and 16 layers: metadata-only capture
-time per op and metadata bytes per op.
+wide, random init, 32 token ids) it times, in rotating rounds of 5 back-to-back calls per method (no
+``gc.collect()`` between calls, one before each block), the plain forward under ``torch.no_grad()``,
+a bare ``TorchFunctionMode`` (the floor of a Python-level mode), ``tl.trace(save=None)``,
+``tl.trace(save="all")``, ``tl.record`` of 4 ops, ``tl.summary``, the pinned capture ``tl.draw``
+makes and the whole ``tl.draw``, torchinfo's ``summary`` and torchview's ``draw_graph``; torchlens
+2.36.1 runs in its own process (the ``bench-peer`` env) against its own plain forward. Every figure
+is a ratio of means to the plain forward of the process that measured it (medians shown too), and a
+time per op. Then GPT-2 at 2, 4, 8 and 16 layers: metadata-only capture time per op and metadata
+bytes per op.
 
     hatch run bench:run              # full run; writes benchmarks/results/latest.{json,md}
     hatch run bench:run --quick      # smoke test: 3 runs, no peers; writes results/quick.{json,md}
@@ -528,8 +528,8 @@ def machine_line(report: dict[str, Any]) -> str:
     threads = f"{m['torch_threads']} torch thread" + ("s" if m["torch_threads"] != 1 else "")
     return (f"{m['cpu']}, {m['cores']} cores ({threads}), "
             f"torch {m['torch']}, Python {m['python']}; torchlens-core {c['torchlens']}"
-            f"{' @ ' + c['git'] if c.get('git') else ''}; CPU, {c['runs']} back-to-back runs "
-            f"per method, no gc.collect() between them ({c['peer_runs']} for torchlens 2.36.1, "
+            f"{' @ ' + c['git'] if c.get('git') else ''}; CPU, {c['runs']} runs per method in "
+            f"rotating blocks of 5 back-to-back calls ({c['peer_runs']} for torchlens 2.36.1, "
             f"against {c['peer_runs'] * c.get('peer_plain_per_round', 1)} of its plain forward); "
             f"load average "
             f"{m['load_avg_1min']['start']:.1f} -> {m['load_avg_1min']['end']:.1f}")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .collector import paused
 from .errors import LookupFailed, TorchLensError
 
 SCHEMA_VERSION = 1
@@ -63,7 +64,7 @@ class Op:
     saved: bool = False
     meta: dict = None
     _value: Any = None
-    _trace: Any = field(default=None, init=False)
+    _reads: Any = field(default=None, init=False)  # the trace's _Reads (not the trace: no cycle)
 
     @property
     def out(self) -> Any:
@@ -78,8 +79,8 @@ class Op:
                     "tl.trace(model, x, save='all')",
                 ],
             )
-        if self._trace is not None:
-            self._trace.on_value_read()
+        if self._reads is not None:
+            self._reads.on_value_read()
         return self._value
 
     def row(self) -> dict[str, Any]:
@@ -198,7 +199,7 @@ class Trace:
         by_label: dict[str, Op] = {}
         reads = self._reads
         for op in ops:
-            op._trace = reads
+            op._reads = reads
             by_label[op.label] = op
             if op.pass_num == 1:
                 by_label.setdefault(f"{op.label}:1", op)
@@ -208,8 +209,6 @@ class Trace:
                 call._by_label = by_label
 
     def _materialize(self) -> None:
-        from .collector import paused
-
         build, self._pending = self._pending, None
         with paused():
             self._link(*build())

@@ -102,7 +102,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     try:
         with quiet_hooks(model, offloaded, state), Recorder(state):
             out = model(*args, **kwargs)
-        structure = _add_outputs(state, out)
+        structure = _output_node(state, out, "", 0, [0])
         if not replay:
             del out  # what the forward returned is copied; let its graph go before settling
     except BaseException as exc:
@@ -355,10 +355,6 @@ def _add_inputs(state: CaptureState, args: tuple, kwargs: dict) -> None:
 
 
 _PLAIN = (bool, int, float, str)
-
-
-def _add_outputs(state: CaptureState, out: Any) -> dict:
-    return _output_node(state, out, "", 0, [0])
 
 
 def _output_node(state: CaptureState, value: Any, path: str, depth: int, counter: list) -> dict:

@@ -1,0 +1,75 @@
+"""What a capture costs beyond its forward: nothing left for the cyclic collector, the collector
+as it was found, and a trace's objects built only when read."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from tests.models.zoo import PURE_CASES
+
+
+def _cyclic_garbage(fn) -> int:
+    fn()
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(2):
+            result = fn()
+            del result
+        gc.collect()
+        return len(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+@pytest.mark.parametrize("name", ["residual", "recurrent", "dict_output", "inplace"])
+def test_a_dropped_capture_leaves_no_reference_cycles(name):
+    model, x = PURE_CASES[name].build()
+    args = x if isinstance(x, tuple) else (x,)
+    with torch.no_grad():
+        assert _cyclic_garbage(lambda: tl.trace(model, *args[:1], save=None)) == 0
+        assert _cyclic_garbage(lambda: tl.trace(model, *args[:1])) == 0
+
+    def read_everything():
+        trace = tl.trace(model, *args[:1])
+        return [op.row() for op in trace], [m.row() for m in trace.modules.values()]
+
+    assert _cyclic_garbage(read_everything) == 0
+    assert _cyclic_garbage(lambda: tl.summary(model, *args[:1])) == 0
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_collector_is_left_as_it_was_found(enabled):
+    seen = []
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    model.register_forward_hook(lambda *_: seen.append(gc.isenabled()))
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        tl.trace(model, torch.rand(2, 3))
+        assert gc.isenabled() is enabled and seen == [False]  # paused during the forward only
+        with pytest.raises(RuntimeError):
+            tl.trace(nn.Sequential(Boom()), torch.rand(2, 3))
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+class Boom(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("boom")
+
+
+def test_a_traces_objects_are_built_on_first_read_from_what_the_capture_saw():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+    trace = tl.trace(model, torch.rand(2, 3), save=None)
+    assert trace._pending is not None and len(trace) == 4  # counted without building
+    model.half()  # a model changed after the capture does not change its trace
+    assert trace.params["0.weight"]["dtype"] == "float32" and trace["linear_1"].dtype == "float32"
+    assert trace._pending is None
