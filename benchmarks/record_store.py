@@ -8,7 +8,8 @@ Every figure is measured in one invocation (``hatch run bench:record``) and writ
   batches and against a hand-written forward-hook + ``torch.save`` loop;
 - memory: peak RSS of the same recording over 1,000 and 10,000 inputs, each in a fresh process
   (a small GPT-2, so that 10,000 forwards take minutes, not an hour);
-- scale-out: 2 ranks x 1 thread under torchrun against 1 rank x 1 thread, inputs/s;
+- scale-out: 2 ranks x 1 thread under torchrun against 1 rank x 1 thread, inputs/s, best of
+  ``--rounds`` runs each, alternating;
 - reading: open a store of 1,048,576 rows, then stream it with ``rec.batches`` from the page
   cache, in order and shuffled.
 """
@@ -206,20 +207,26 @@ def rank_child(folder: str, n: int) -> None:
 
 
 def scale_out(args) -> dict:
+    """1 rank against 2 ranks under torchrun, alternating, best of ``args.rounds`` each (a 2-core
+    VM's neighbours move one run by tens of percent)."""
     n = args.scale_inputs
-    one_dir, two_dir = tempfile.mkdtemp(), tempfile.mkdtemp()
-    start = time.perf_counter()
-    one = _child([__file__, "--rank-child", one_dir, str(n)], threads=1)
-    one["wall"] = time.perf_counter() - start
-    start = time.perf_counter()
-    two = _child(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                  __file__, "--rank-child", two_dir, str(n)], threads=1)
-    two["wall"] = time.perf_counter() - start
-    shutil.rmtree(one_dir)
-    shutil.rmtree(two_dir)
-    return {"inputs": n, "one_rank": one, "two_ranks": two,
+    ones, twos = [], []
+    for _ in range(args.rounds):
+        for runs, cmd in ((ones, [__file__, "--rank-child"]),
+                          (twos, ["-m", "torch.distributed.run", "--standalone",
+                                  "--nproc-per-node", "2", __file__, "--rank-child"])):
+            folder = tempfile.mkdtemp()
+            start = time.perf_counter()
+            run = _child([*cmd, folder, str(n)], threads=1)
+            run["wall"] = time.perf_counter() - start
+            runs.append(run)
+            shutil.rmtree(folder)
+    one = max(ones, key=lambda r: r["inputs_per_s"])
+    two = max(twos, key=lambda r: r["inputs_per_s"])
+    return {"inputs": n, "rounds": args.rounds, "one_rank": one, "two_ranks": two,
+            "all_one_rank": ones, "all_two_ranks": twos,
             "speedup": two["inputs_per_s"] / one["inputs_per_s"],
-            "speedup_wall": one["wall"] / two["wall"]}
+            "speedup_wall": min(r["wall"] for r in ones) / min(r["wall"] for r in twos)}
 
 
 def _rss() -> int:
@@ -299,7 +306,8 @@ def markdown(res: dict) -> str:
     if "scale_out" in res:
         s = res["scale_out"]
         lines.append(f"| 2 ranks x 1 thread ≥ 1.7x 1 rank x 1 thread (GPT-2, {s['inputs']} "
-                     f"prompts) | {s['speedup']:.2f}x (wall incl. start-up "
+                     f"prompts, best of {s.get('rounds', 1)} each) | {s['speedup']:.2f}x "
+                     f"(wall incl. start-up "
                      f"{s['speedup_wall']:.2f}x) | {_v(s['speedup'] >= 1.7)} |")
     if "reading" in res:
         r = res["reading"]
