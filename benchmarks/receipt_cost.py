@@ -3,9 +3,11 @@
 ``hatch run bench:receipt``: an nn.Module holding about 1 GB of float32 parameters (four large
 matrices, 48 of 4 MB and 300 small ones, as a real model's mix), and:
 
-- the receipt's whole cost: ``pinned(model, "bench")`` around an empty body (a fingerprint pass
-  before and one after, the flag and buffer snapshot, the restore), median of 5 runs;
-- one fingerprint pass (``state_fingerprints``), median of 5;
+- the receipt's whole cost: ``pinned(model, "bench")`` around an empty body (every slot's tensor,
+  storage and version counter before and after, the flag and buffer snapshot, the restore; no
+  tensor's bytes are read), median of 5 runs;
+- one content fingerprint pass (``state_fingerprints``: what a store's model fingerprint and an
+  ``intervention_ready`` baseline read), median of 5;
 - the old receipt's fingerprint: a crc32 of every byte of every tensor, reimplemented here, two
   passes (before + after) a run, median of 5.
 
