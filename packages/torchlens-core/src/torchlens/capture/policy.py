@@ -72,9 +72,9 @@ class Receipt:
                          "(training flags and every tensor's name, shape, dtype and device "
                          "checked)")
         if self.offloaded:
-            parts.append(f"{self.offloaded} offloaded tensors back in their homes (cpu/disk, "
-                         "not hashed)")
-        return "; ".join(parts) or "every byte fingerprinted"
+            parts.append(f"{self.offloaded} offloaded tensors back in their homes (cpu/disk)")
+        return "; ".join(parts) or ("every tensor slot, storage and version counter; writes "
+                                    "the capture saw; buffers byte for byte")
 
     @property
     def undone(self) -> str:
