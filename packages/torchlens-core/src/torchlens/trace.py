@@ -213,32 +213,17 @@ class Trace:
         with paused():
             self._link(*build())
 
-    @property
-    def ops(self) -> list[Op]:
-        """Every node in execution order."""
+    def _built(self) -> Trace:
         if self._pending is not None:
             self._materialize()
-        return self._ops
+        return self
 
-    @property
-    def modules(self) -> dict[str, Module]:
-        """Submodules that ran, by address."""
-        if self._pending is not None:
-            self._materialize()
-        return self._modules
-
-    @property
-    def params(self) -> dict[str, dict]:
-        """Parameters by name: shape, dtype, device, numel, nbytes, trainable, module, users."""
-        if self._pending is not None:
-            self._materialize()
-        return self._params
-
-    @property
-    def buffers(self) -> dict[str, dict]:
-        if self._pending is not None:
-            self._materialize()
-        return self._buffers
+    ops = property(lambda self: self._built()._ops, doc="Every node in execution order.")
+    modules = property(lambda self: self._built()._modules, doc="Submodules that ran, by address.")
+    params = property(lambda self: self._built()._params,
+                      doc="Parameters by name: shape, dtype, device, numel, nbytes, trainable, "
+                          "module, users.")
+    buffers = property(lambda self: self._built()._buffers, doc="Buffers by name.")
 
     @property
     def provenance(self) -> dict[str, Any]:
