@@ -84,6 +84,8 @@ class Keeper:
                  mask: torch.Tensor | None, as_rows: bool):
         self.save, self.reduce, self.dtype = save, reduce, dtype
         self.mask, self.as_rows = mask, as_rows
+        self.keep = None if mask is None else mask.to(torch.bool)
+        self.unpadded = self.keep is not None and bool(self.keep.all())
 
     def how(self, key: str) -> Any:
         if isinstance(self.reduce, Mapping):
@@ -99,8 +101,9 @@ class Keeper:
             out = _reduce(out, how, self.mask)
         lengths = None
         if self.as_rows and self.mask is not None and out.shape[:2] == self.mask.shape:
-            keep = self.mask.to(torch.bool)
-            out, lengths = out[keep], keep.sum(dim=1)
+            lengths = self.keep.sum(dim=1)
+            # no padding: every token is real, so a reshape stands for the gather
+            out = out.flatten(0, 1) if self.unpadded else out[self.keep]
         if self.dtype is not None:
             out = out.to(self.dtype)
         if out.data_ptr() == value.data_ptr():

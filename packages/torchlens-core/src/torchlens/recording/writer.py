@@ -4,6 +4,8 @@ A shard is renamed into place only when whole and fsynced; the rank's manifest (
 the store's ``manifest.json``) is rewritten atomically after it. A kill at any moment leaves
 the last manifest, which names only whole shards. One shard at a time is written by a
 background thread while the next forwards run, so the disk's latency hides behind compute.
+Rows are copied into two sets of staging buffers used in turn, so a long recording holds no
+scattered small tensors that would fragment the heap under the forward's own allocations.
 """
 
 from __future__ import annotations
@@ -64,6 +66,39 @@ def prepare(folder: Path, head: dict[str, Any], rank: int, overwrite: bool) -> d
     return old
 
 
+class _Stage:
+    """One label's rows of the shard being filled, in a buffer reused from shard to shard."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+        self.n = 0
+        self.lengths: list[torch.Tensor] = []
+
+    def put(self, rows: Rows, capacity: int) -> None:
+        """Copy ``rows`` in; a buffer too small grows to ``capacity`` rows (or doubles)."""
+        units, k = rows.units, rows.units.shape[0]
+        buf = self.buffer
+        if buf is None or self.n + k > buf.shape[0]:
+            grown = torch.empty((max(capacity, 2 * self.n, self.n + k), *units.shape[1:]),
+                                dtype=units.dtype)
+            if self.n:
+                grown[:self.n].copy_(buf[:self.n])
+            self.buffer = buf = grown
+        buf[self.n:self.n + k].copy_(units)  # from an accelerator too: nothing is left there
+        self.n += k
+        if rows.lengths is not None:
+            self.lengths.append(rows.lengths.cpu())
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The filled rows (a view of the buffer) and offsets when ragged; the stage empties."""
+        out = {"units": self.buffer[:self.n]}
+        if self.lengths:
+            lengths = torch.cat(self.lengths).to(torch.int64)
+            out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        self.n, self.lengths = 0, []
+        return out
+
+
 class ShardWriter:
     """Rows in, shards out, for one rank of a store."""
 
@@ -77,7 +112,8 @@ class ShardWriter:
                                "items": 0, "interleave": interleave,
                                "provenance": {"origins": {}}}
         self.part["status"] = "recording"
-        self.pending: dict[str, list[Rows]] = {}
+        self.pending: dict[str, _Stage] = {}
+        self._spare: dict[str, _Stage] = {}  # the other set, free once its shard is written
         self.pending_rows: list[int] = []
         self.pending_bytes = 0
         self.bytes_written = sum(s.get("bytes", 0) for s in self.part["shards"])
@@ -109,11 +145,13 @@ class ShardWriter:
         if not labels:
             labels.update(self._describe(example, values, n_rows))
         self._check(example, values, n_rows, labels)
+        size = {key: rows.units.numel() * rows.units.element_size()
+                for key, rows in values.items()}
+        per_shard = -(-self.shard_bytes // max(1, sum(size.values())))  # forwards a shard takes
         for key, rows in values.items():
-            if rows.units.device.type != "cpu":  # leave nothing behind on the accelerator
-                rows = Rows(rows.units.cpu(), None if rows.lengths is None else rows.lengths.cpu())
-            self.pending.setdefault(key, []).append(rows)
-            self.pending_bytes += rows.units.numel() * rows.units.element_size()
+            stage = self.pending.setdefault(key, _Stage())
+            stage.put(rows, per_shard * rows.units.shape[0])
+            self.pending_bytes += size[key]
         self.pending_rows.extend(item_rows)
         self.rows_seen += n_rows
         if self.pending_bytes >= self.shard_bytes:
@@ -170,17 +208,17 @@ class ShardWriter:
         is listed); with ``wait``, return only once everything handed over is listed."""
         if self.pending_rows:
             tensors: dict[str, torch.Tensor] = {}
-            for key, parts in self.pending.items():
-                tensors[key] = torch.cat([p.units for p in parts]).contiguous()
-                if parts[0].lengths is not None:
-                    lengths = torch.cat([p.lengths for p in parts]).to(torch.int64)
-                    tensors[OFFSETS + key] = torch.cat(
-                        [torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+            for key, stage in self.pending.items():
+                taken = stage.take()
+                tensors[key] = taken["units"]
+                if "offsets" in taken:
+                    tensors[OFFSETS + key] = taken["offsets"]
             index, first = self._next
             rows = self.pending_rows
             self._next = (index + 1, first + len(rows))
-            self.pending, self.pending_rows, self.pending_bytes = {}, [], 0
-            self._settle()
+            self._settle()  # the shard before is written: its buffers fill next
+            self.pending, self._spare = self._spare, self.pending
+            self.pending_rows, self.pending_bytes = [], 0
             self._inflight = self._pool.submit(self._commit, tensors, index, first, rows)
         if wait:
             self._settle()
