@@ -52,7 +52,12 @@ def test_values_are_those_at_op_time_whatever_writes_follow():
     assert not trace.annotations["capture_advisories"]
 
 
-def test_a_value_nothing_else_can_reach_is_kept_without_a_copy():
+GRAD_MODES = pytest.mark.parametrize("grad", [True, False], ids=["graph", "no_grad"])
+
+
+@GRAD_MODES
+def test_a_value_nothing_else_can_reach_is_kept_without_a_copy(grad):
+    """With a graph the value is a detached alias; without one, the output itself."""
     pointers = []
 
     class Records(nn.Module):
@@ -65,11 +70,13 @@ def test_a_value_nothing_else_can_reach_is_kept_without_a_copy():
             pointers.append(h.data_ptr())
             return h.sum()
 
-    trace = tl.trace(Records(), torch.rand(3, 4))
+    with torch.set_grad_enabled(grad):
+        trace = tl.trace(Records(), torch.rand(3, 4))
     assert trace["linear_1"].out.data_ptr() == pointers[0]
 
 
-def test_values_others_can_reach_are_copied_at_the_end():
+@GRAD_MODES
+def test_values_others_can_reach_are_copied_at_the_end(grad):
     """The model's state, a view of a parameter, a view of the input and the output itself can
     all be written after the capture; the trace keeps what they were."""
 
@@ -86,7 +93,8 @@ def test_values_others_can_reach_are_copied_at_the_end():
             return h + first
 
     model, x = Reachable(), torch.rand(3, 4)
-    trace = tl.trace(model, x)
+    with torch.set_grad_enabled(grad):
+        trace = tl.trace(model, x)
     before = {label: trace[label].out.clone() for label in ("getitem_1", "t_1", "mul_1", "add_1")}
     x.add_(100)
     with torch.no_grad():
@@ -94,6 +102,39 @@ def test_values_others_can_reach_are_copied_at_the_end():
     model.cache.add_(100)
     for label, value in before.items():
         assert torch.equal(trace[label].out, value), label
+
+
+@GRAD_MODES
+def test_a_view_the_caller_kept_is_copied_and_so_is_its_base(grad):
+    """A hook keeps a view of an intermediate: writing through it after the capture changes
+    neither the saved view nor the saved base; views only the trace holds stay aliases."""
+    kept = []
+
+    class Views(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            big = self.fc(x) * 2  # mul_1, the base
+            view = big[0]  # getitem_1, a view the caller keeps (the first time)
+            if not kept:
+                kept.append(view)
+            part = big[1]  # getitem_2, a view only the trace keeps
+            return part.sum() + big.sum()
+
+    model = Views()
+    with torch.set_grad_enabled(grad):
+        trace = tl.trace(model, torch.rand(3, 4))
+        other = tl.trace(model, torch.rand(3, 4))
+    saved = {label: trace[label].out.clone() for label in ("mul_1", "getitem_1", "getitem_2")}
+    with torch.no_grad():
+        kept[0].fill_(100.0)
+    for label, value in saved.items():
+        assert torch.equal(trace[label].out, value), label
+    # the second trace's views are the trace's alone: they alias their base
+    view, base = other["getitem_2"].out, other["mul_1"].out
+    assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
 
 
 def test_a_write_torchlens_cannot_see_drops_that_value_and_says_so():
