@@ -57,7 +57,6 @@ GRAD_MODES = pytest.mark.parametrize("grad", [True, False], ids=["graph", "no_gr
 
 @GRAD_MODES
 def test_a_value_nothing_else_can_reach_is_kept_without_a_copy(grad):
-    """With a graph the value is a detached alias; without one, the output itself."""
     pointers = []
 
     class Records(nn.Module):

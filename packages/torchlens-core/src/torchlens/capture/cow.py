@@ -1,7 +1,6 @@
 """Copy-on-write for saved activations.
 
-A saved op output is first kept by reference: the output itself when it has no autograd graph,
-else a detached alias (no copy either way).
+A saved op output is first kept by reference (a detached alias: no copy, no autograd graph).
 It is copied only when it could change: just before a call that writes into its storage, or at
 the end of the capture when something other than the trace can still reach its storage (a
 parameter, a buffer, an input, the model's output or state). Whatever else stays an alias is
@@ -11,7 +10,6 @@ then owned by the trace alone; saved views share memory with the saved value the
 from __future__ import annotations
 
 import inspect
-import sys
 from typing import Any
 
 import torch
@@ -98,14 +96,6 @@ def _tensors(value: Any, found: list[Tensor]) -> None:
         found.extend(v for v in value if isinstance(v, Tensor))
 
 
-def _holders(values: dict[int, Any], index: int) -> int:
-    """References to ``values[index]`` (this call's own included: compare with ``_ALONE``)."""
-    return sys.getrefcount(values[index])
-
-
-_ALONE = _holders({0: object()}, 0)  # the count when only the dict holds the value
-
-
 class Held:
     """Saved values kept by reference: storage -> op indices, and each one's version and
     original output (weakly)."""
@@ -121,16 +111,12 @@ class Held:
 
     def keep(self, index: int, t: Tensor, ref: Any, view: bool = True) -> None:
         """Save op ``index``'s output ``t`` by reference (``view``: it may alias a larger
-        storage). Without a graph the output itself is kept (``ref`` then unused: who else
-        holds it is counted at the end), sparing the alias a detach makes per op."""
+        storage)."""
         try:
             key = t.untyped_storage().data_ptr()
         except Exception:
             key = -1
-        if t.requires_grad:
-            self.values[index] = t.detach()
-        else:
-            self.values[index], ref = t, None
+        self.values[index] = t.detach()
         self.entries[index] = (t._version, ref, key, view)
         self.by_storage.setdefault(key, []).append(index)
 
@@ -147,41 +133,25 @@ class Held:
 
     def settle(self, protected: set[int]) -> list[int]:
         """At the end of the capture: copy what others can still reach (its original output is
-        alive, or it shares a ``protected`` storage or one of a view others hold) and a view
+        alive, or it shares a ``protected`` storage or that of a view others hold) and a view
         that alone holds a larger storage (the copy keeps only its own elements); drop and
         return what a call TorchLens could not see has written since (its value is lost)."""
-        lost: list[int] = []
+        lost = []
         sharing = {key: len(indices) for key, indices in self.by_storage.items()}
-        views = [(i, e) for i, e in self.entries.items() if e[3]]
-        reached = {i: self._reached(i, e[1], False) for i, e in views}
-        protected = protected | {e[2] for i, e in views if reached[i]}
-        for index, entry in views:
-            self._settle_one(index, entry, protected, sharing, lost, reached[index])
-        # a view kept as itself holds its base's object once, however many views there are:
-        # that reference is not someone else's
-        bases = {id(self.values[i]._base) for i, e in self.entries.items() if e[3] and e[1] is None}
-        for index, entry in [(i, e) for i, e in self.entries.items() if not e[3]]:
-            ours = id(self.values[index]) in bases
-            self._settle_one(index, entry, protected, sharing, lost,
-                             self._reached(index, entry[1], ours))
+        entries = list(self.entries.items())
+        reached = {index: ref() is not None for index, (_, ref, _, _) in entries}
+        # a view someone else holds can write its whole storage, the base's elements included
+        protected = protected | {key for index, (_, _, key, view) in entries
+                                 if view and reached[index]}
+        for index, (version, _, key, view) in entries:
+            value = self.values[index]
+            if value._version != version and value.numel():  # an empty tensor holds nothing
+                self.entries.pop(index)
+                del self.values[index]
+                lost.append(index)
+            elif reached[index] or key in protected or (
+                    view and sharing.get(key) == 1
+                    and value.untyped_storage().nbytes() > value.numel() * value.element_size()):
+                self._own(index)
         self.by_storage.clear()
         return lost
-
-    def _reached(self, index: int, ref: Any, base_of_ours: bool) -> bool:
-        """Whether something other than the trace holds op ``index``'s output."""
-        if ref is not None:
-            return ref() is not None
-        return _holders(self.values, index) > _ALONE + base_of_ours
-
-    def _settle_one(self, index: int, entry: tuple, protected: set[int], sharing: dict,
-                    lost: list[int], reached: bool) -> None:
-        version, _, key, view = entry
-        value = self.values[index]
-        if value._version != version and value.numel():  # an empty tensor holds nothing
-            self.entries.pop(index)
-            del self.values[index]
-            lost.append(index)
-        elif reached or key in protected or (
-                view and sharing.get(key) == 1
-                and value.untyped_storage().nbytes() > value.numel() * value.element_size()):
-            self._own(index)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from functools import partial
 from math import prod
+from operator import itemgetter
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from .policy import note_writes
 from .recorder import R_DEVICE, R_LABEL, R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
 _active = threading.local()
+_NORM = nn.modules.batchnorm._NormBase
 
 
 def capturing() -> bool:
@@ -400,14 +402,17 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
     """
     if state.advisories:  # the forward created parameters or modules: list them too
         inv = inventory(model)
-    param_facts = [(name, p.shape, p.dtype, p.device, p.requires_grad, False)
-                   if type(p) is nn.Parameter or not is_lazy(p) else
-                   (name, None, None, None, p.requires_grad, True) for name, p in inv.params]
+    if inv.lazy:
+        param_facts = [(name, p.shape, p.dtype, p.device, p.requires_grad, False)
+                       if type(p) is nn.Parameter or not is_lazy(p) else
+                       (name, None, None, None, p.requires_grad, True) for name, p in inv.params]
+    else:
+        param_facts = [(name, p.shape, p.dtype, p.device, p.requires_grad, False)
+                       for name, p in inv.params]
     buffer_facts = [(name, b.shape, b.dtype, b.device) for name, b in inv.buffers
                     if not is_lazy(b)]
     train_bn = [address for address, module in inv.modules
-                if isinstance(module, nn.modules.batchnorm._NormBase) and module.training
-                and module.track_running_stats]
+                if isinstance(module, _NORM) and module.training and module.track_running_stats]
     meta = {
         "schema_version": SCHEMA_VERSION,
         "torchlens_version": _tl_version,
@@ -418,9 +423,9 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
         "save": save if isinstance(save, (str, type(None))) else sorted(save),
         "capture_ns": elapsed_ns,
         "partial": is_partial,
-        "root_params": sum(prod(f[1]) for f in param_facts if not f[5]),
+        "root_params": sum([prod(f[1]) for f in param_facts if not f[5]]),
         "train_mode_batchnorm": train_bn,
-        "op_time": time_kind({rec[R_DEVICE] for rec in state.records}),
+        "op_time": time_kind(set(map(itemgetter(R_DEVICE), state.records))),
     }
     state.tensors = state.writes = state.held = None  # the recorder's working sets
     built = functools.partial(_objects, state, calls, inv.modules, param_facts, buffer_facts,
