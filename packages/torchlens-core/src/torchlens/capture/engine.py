@@ -6,6 +6,7 @@ whatever the forward raises, the error carries the op where it happened and the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -205,7 +206,9 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[s
     handles = _install_module_hooks(modules, state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
-        with quiet_hooks(model, hooked(m for _, m in modules), state), LightRecorder(state):
+        # module addresses alone need no per-op mode: their hooks see the outputs
+        counting = LightRecorder(state) if save_labels else contextlib.nullcontext()
+        with quiet_hooks(model, hooked(m for _, m in modules), state), counting:
             model(*args, **kwargs)
     finally:
         _active.depth -= 1
