@@ -8,6 +8,7 @@ import gc
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import sdpa_flop_count
 
 import torchlens as tl
 from tests.models.zoo import PURE_CASES
@@ -42,6 +43,33 @@ def test_a_dropped_capture_leaves_no_reference_cycles(name):
 
     assert _cyclic_garbage(read_everything) == 0
     assert _cyclic_garbage(lambda: tl.summary(model, *args[:1])) == 0
+
+
+class Attention(nn.Module):
+    """FLOPs counted by formula on every call kind that has one (linear, matmul, sdpa)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 5, 3, 2, 4).unbind(2)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return torch.matmul(y, k.transpose(-1, -2)).sum()
+
+
+def test_flop_counting_leaves_no_reference_cycles():
+    model, x = Attention(), torch.rand(2, 5, 8)
+
+    def read_everything():
+        trace = tl.trace(model, x, save=None)
+        shape = [2, 5, 2, 4]  # torch's own count for these q, k, v
+        assert trace["scaled_dot_product_attention_1"].flops == sdpa_flop_count(shape, shape,
+                                                                                 shape)
+        return [op.row() for op in trace]
+
+    assert _cyclic_garbage(read_everything) == 0
+    assert _cyclic_garbage(lambda: tl.summary(model, x)) == 0
 
 
 @pytest.mark.parametrize("enabled", [True, False])

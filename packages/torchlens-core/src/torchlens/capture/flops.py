@@ -82,8 +82,13 @@ def _sdpa(args, kwargs, out):
     q, k, v = (_shape(_arg(args, kwargs, i, n)) for i, n in enumerate(("query", "key", "value")))
     if q is None or k is None or v is None:
         return None
-    q, k, v = ([prod(s[:-2]) if len(s) > 2 else 1, 1, *s[-2:]] for s in (q, k, v))
-    return fc.sdpa_flop_count(q, k, v)
+    (b, s_q, d_q), (b_k, s_k, d_k), (b_v, s_v, d_v) = (
+        (prod(s[:-2]) if len(s) > 2 else 1, *s[-2:]) for s in (q, k, v))
+    if not (b == b_k == b_v and d_q == d_k and s_k == s_v):
+        return None
+    # torch's sdpa_flop_count, on the raw bmm formula (its own calls the pytree-wrapped one):
+    # scores = q @ k^T, then scores @ v
+    return BMM([b, s_q, d_q], [b, d_q, s_k]) + BMM([b, s_q, s_k], [b, s_k, d_v])
 
 
 # name -> formula(args, kwargs, out_shape), tensors in args/kwargs given as their torch.Size
