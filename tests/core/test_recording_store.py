@@ -81,9 +81,12 @@ def test_manifest_records_what_a_store_needs(tmp_path):
 
 def test_padded_positions_are_never_stored(tmp_path):
     model, inputs = token_model(), token_inputs()
+    with seeded(5):  # and a batch with no padding at all
+        inputs.append({"input_ids": torch.randint(1, 20, (2, 4)),
+                       "attention_mask": torch.ones(2, 4, dtype=torch.long)})
     rec = tl.record(model, inputs, save=["proj"], to=tmp_path, progress=False)
     view = rec["proj"]
-    assert view.ragged and len(view) == 6
+    assert view.ragged and len(view) == 8
     expected = []
     for batch in inputs:
         full = tl.trace(model, batch)["proj"].out
@@ -98,6 +101,12 @@ def test_padded_positions_are_never_stored(tmp_path):
     assert torch.equal(tokens[[real - 1]], expected[-1][-1:])
     shard = rec.shard(0).tensor("proj")
     assert tuple(shard.shape) == (real, 6)  # the file holds real tokens only
+    # a shard per forward or two: staging buffers reused and grown across shards
+    small = tl.record(model, inputs, save=["proj"], to=tmp_path / "small", shard_bytes=100,
+                      progress=False)
+    assert len(small.manifest["shards"]) > 2
+    assert torch.equal(small["proj"].tokens()[0:real], tokens[0:real])
+    assert all(torch.equal(small["proj"].row(i), want) for i, want in enumerate(expected))
 
 
 def test_reduce_and_dtype_apply_before_storing(tmp_path):
