@@ -405,13 +405,9 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
     """
     if state.advisories:  # the forward created parameters or modules: list them too
         inv = inventory(model)
-    if inv.lazy:
-        param_facts = [(name, p.shape, p.dtype, p.device, p.requires_grad, False)
-                       if type(p) is nn.Parameter or not is_lazy(p) else
-                       (name, None, None, None, p.requires_grad, True) for name, p in inv.params]
-    else:
-        param_facts = [(name, p.shape, p.dtype, p.device, p.requires_grad, False)
-                       for name, p in inv.params]
+    param_facts = [(name, p.shape, p.dtype, p.device, p.requires_grad, False)
+                   if type(p) is nn.Parameter or not is_lazy(p) else
+                   (name, None, None, None, p.requires_grad, True) for name, p in inv.params]
     buffer_facts = [(name, b.shape, b.dtype, b.device) for name, b in inv.buffers
                     if not is_lazy(b)]
     train_bn = [address for address, module in inv.modules
