@@ -254,6 +254,58 @@ def test_user_hooks_run_inside_their_module_and_are_kept():
     assert not torch_module._global_forward_pre_hooks
 
 
+def test_module_boundaries_leave_every_forward_as_it_was():
+    """Frames open through a wrapped ``forward`` during the capture only: afterwards (also after
+    a forward that raised) no module has an instance ``forward`` it did not have, a module whose
+    ``forward`` the user replaced keeps that very object, and its ops count as that module's."""
+    import inspect
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    original = model[2].forward
+
+    def patched(x):
+        return original(x) * 3
+
+    model[2].forward = patched
+    seen = []
+
+    def spy(m, args):
+        seen.append(inspect.signature(model[0].forward))
+
+    model.register_forward_pre_hook(spy)
+    trace = tl.trace(model, torch.rand(3, 4))
+    assert trace["2"].calls[0].ops == ["linear_2", "mul_1"]
+    assert trace["mul_1"].module == "2"
+    assert str(seen[0]) == str(inspect.signature(nn.Linear(4, 4).forward))
+    assert model[2].__dict__["forward"] is patched
+    assert all("forward" not in vars(m) for m in (model[0], model[1]))
+    with pytest.raises(RuntimeError):
+        tl.trace(model, torch.rand(3, 5))
+    assert model[2].__dict__["forward"] is patched
+    assert all("forward" not in vars(m) for m in (model[0], model[1]))
+
+
+def test_process_wide_user_hooks_keep_their_place_around_module_calls():
+    """A user's process-wide forward hook that patches outputs runs inside the module's call,
+    as a module's own hook does: its op belongs to the module and is the module's output."""
+    from torch.nn.modules import module as torch_module
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+    def double(m, args, out):
+        return out * 2 if isinstance(m, nn.Linear) else None
+
+    handle = torch_module.register_module_forward_hook(double)
+    try:
+        trace = tl.trace(model, torch.rand(3, 4))
+        assert list(torch_module._global_forward_hooks) == [handle.id]
+    finally:
+        handle.remove()
+    assert trace["0"].calls[0].ops == ["linear_1", "mul_1"]
+    assert trace["0"].calls[0].output_ops == ["mul_1"]
+    assert trace["relu_1"].parents == ["mul_1"]
+
+
 def test_saving_a_module_adds_no_ops_of_its_own():
     """The copy kept of a saved module's output is not an op of the model."""
     model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2)).eval()

@@ -11,22 +11,20 @@ import functools
 import threading
 import time
 from collections.abc import Mapping
-from functools import partial
 from math import prod
 from operator import itemgetter
 from typing import Any
 
 import torch
 from torch import nn
-from torch._C import DisableTorchFunction
-from torch.nn.modules.lazy import LazyModuleMixin
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.parameter import is_lazy
 
 from .. import __version__ as _tl_version
 from ..collector import paused
 from ..errors import InputError, InputTypeError, warn
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
+from .boundaries import install as install_boundaries
+from .boundaries import leaves
 from .cow import Held, storage_key
 from .flops import flops_of
 from .inventory import Inventory, inventory
@@ -95,7 +93,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     elif save_all or save_labels:
         state.held = Held(state.values)
     calls: list[tuple] = []
-    handles = _install_module_hooks(inv.modules, state, calls, save_modules)
+    handles = install_boundaries(inv.modules, state, calls, save_modules)
     _add_inputs(state, args, kwargs)
     structure = None
     _active.depth = getattr(_active, "depth", 0) + 1
@@ -144,7 +142,7 @@ def _settle(state: CaptureState, inv: Inventory, args: tuple, kwargs: dict) -> l
     if not state.held:
         return []
     found: list = []
-    _leaves((args, kwargs), found)
+    leaves((args, kwargs), found)
     protected = {storage_key(t) for t in found}
     lazy = inv.lazy
     protected.update(storage_key(t) for name, t in inv.params + inv.buffers if name not in lazy)
@@ -203,7 +201,7 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[s
     state.light = {}
     if keep is not None:
         state.keep = keep
-    handles = _install_module_hooks(modules, state, [], save_modules)
+    handles = install_boundaries(modules, state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
         # module addresses alone need no per-op mode: their hooks see the outputs
@@ -217,96 +215,6 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[s
     return state.light
 
 
-def _install_module_hooks(named_modules, state, calls, save_modules):
-    """Hooks that open and close a frame per submodule call; returns their handles.
-
-    Two process-wide hooks serve ordinary submodules (two registrations instead of two per
-    module). A submodule with hooks of its own, or a lazy one still to materialize, gets its
-    own hooks registered after the user's, so its frame opens after the user's pre-hooks ran
-    and closes on the output the user's forward hooks return.
-    """
-    handles = []
-    counts: dict[str, int] = {}
-    frames = state.frames
-    addresses: dict[int, str] = {}  # submodules the process-wide hooks serve
-    clock = time.perf_counter_ns
-
-    def pre(mod, args, address=None):
-        if address is None:
-            address = addresses.get(id(mod))
-            if address is None:
-                return
-        elif getattr(mod, "_torchlens_paused", False):
-            state.suspended -= 1
-            del mod._torchlens_paused
-        n = counts.get(address, 0) + 1
-        counts[address] = n
-        frames.append([address, n, None, len(state.records), clock(), mod, frames[-1]])
-
-    def post(mod, args, output, address=None):
-        # runs between two ops of the user's forward, like the recorder: kept short
-        if address is None:
-            address = addresses.get(id(mod))
-            if address is None:
-                return
-        if frames[-1][0] == address:
-            frame = frames.pop()
-        else:  # an inner call's frame is still open (its forward hook did not run)
-            frame = _pop_frame(frames, address)
-            if frame is None:
-                return
-        found = [output] if type(output) is torch.Tensor else _leaves(output, [])
-        if state.light is not None:
-            if address in save_modules and found:
-                key = address if frame[1] == 1 else f"{address}:{frame[1]}"
-                state.light[key] = state.keep(key, found[0] if len(found) == 1 else found)
-            return
-        tensors = state.tensors
-        # (record index, which tensor of its output) of each output tensor a recorded op made
-        if not state.writes and not save_modules:  # nothing written in place: no version check
-            outs = [(e[0], e[3]) for t in found
-                    if (e := tensors.get(id(t))) is not None and e[1]() is t]
-        else:
-            with DisableTorchFunction():  # tensor attributes here would go through the recorder
-                outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
-                        for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
-                if save_modules and address in save_modules:
-                    for t in found:
-                        index = state.producer(t)
-                        if index is not None and index not in state.values:
-                            state.values[index] = snapshot(t)
-        # (address, pass, module, first record, end record, outputs, time)
-        calls.append((address, frame[1], mod, frame[3], len(state.records), outs,
-                      clock() - frame[4]))
-
-    def pause(mod, args):
-        # a lazy module: runs before its own initializing pre-hook; ``pre`` ends the pause
-        state.suspended += 1
-        mod._torchlens_paused = True
-
-    for address, module in named_modules:
-        lazy = isinstance(module, LazyModuleMixin) and module.has_uninitialized_params()
-        if lazy:
-            handles.append(module.register_forward_pre_hook(pause, prepend=True))
-        if not address:
-            continue
-        if lazy or module._forward_pre_hooks or module._forward_hooks:
-            handles.append(module.register_forward_pre_hook(partial(pre, address=address)))
-            handles.append(module.register_forward_hook(partial(post, address=address)))
-        else:
-            addresses[id(module)] = address
-    handles.append(register_module_forward_pre_hook(pre))
-    handles.append(register_module_forward_hook(post))
-    return handles
-
-
-def _pop_frame(frames: list, address: str) -> list | None:
-    for i in range(len(frames) - 1, 0, -1):
-        if frames[i][0] == address:
-            return frames.pop(i)
-    return None
-
-
 def _stack(frame: list, stacks: dict[int, list[str]]) -> list[str]:
     """The module calls enclosing ``frame`` and itself, outermost first ("address:pass")."""
     stack = stacks.get(id(frame))
@@ -315,27 +223,6 @@ def _stack(frame: list, stacks: dict[int, list[str]]) -> list[str]:
         stack = [] if parent is None else [*_stack(parent, stacks), f"{frame[0]}:{frame[1]}"]
         stacks[id(frame)] = stack
     return stack
-
-
-def _written_output(state: CaptureState, t: torch.Tensor, entry: tuple) -> tuple[int, int]:
-    """(record, position) of an output tensor written in place since its op recorded it."""
-    index = state.producer(t)
-    return index, entry[3] if entry[0] == index else 0
-
-
-def _leaves(value: Any, found: list, depth: int = 0) -> list:
-    """Every tensor in nested tuples, lists and mappings (appended to ``found``, returned)."""
-    if isinstance(value, torch.Tensor):
-        found.append(value)
-    elif depth > 6:
-        return found
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            _leaves(item, found, depth + 1)
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            _leaves(item, found, depth + 1)
-    return found
 
 
 def _leaf_record(state, kind, label, t, parents, slot) -> tuple:
@@ -348,7 +235,7 @@ def _add_inputs(state: CaptureState, args: tuple, kwargs: dict) -> None:
     n = 0
     for slot, value in slots:
         found: list = []
-        _leaves(value, found)
+        leaves(value, found)
         for j, t in enumerate(found):
             n += 1
             index = len(state.records)

@@ -1,0 +1,177 @@
+"""Module-call boundaries: a frame opens when a submodule's forward starts and closes on its output.
+
+An ordinary submodule's ``forward`` is wrapped for the length of the capture (an instance
+attribute, removed after), so ``nn.Module.__call__`` keeps its hook-free fast path: one
+process-wide hook would send every module call of the forward through torch's slow path, which
+costs more than the frame itself. A submodule with hooks of its own, or a lazy one still to
+materialize, gets hooks registered after the user's instead: its frame opens after the user's
+pre-hooks ran and closes on the output the user's forward hooks return. While the user has
+process-wide forward hooks, every call takes the slow path anyway and their order matters, so
+process-wide hooks then serve the ordinary submodules.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunction
+from torch.nn.modules import module as _module
+from torch.nn.modules.lazy import LazyModuleMixin
+
+from .recorder import snapshot
+
+_MISSING = object()
+
+
+def leaves(value: Any, found: list, depth: int = 0) -> list:
+    """Every tensor in nested tuples, lists and mappings (appended to ``found``, returned)."""
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif depth > 6:
+        return found
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            leaves(item, found, depth + 1)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            leaves(item, found, depth + 1)
+    return found
+
+
+class _Unwrap:
+    """The handle of the wrapped forwards: ``remove()`` puts each module's own back."""
+
+    def __init__(self) -> None:
+        self.wrapped: list[tuple[dict, Any, Any]] = []  # (instance dict, before, wrapper)
+
+    def remove(self) -> None:
+        for attrs, before, wrapper in reversed(self.wrapped):
+            if attrs.get("forward") is not wrapper:
+                continue  # replaced during the capture by someone else: theirs stays
+            if before is _MISSING:
+                del attrs["forward"]
+            else:
+                attrs["forward"] = before
+        self.wrapped.clear()
+
+
+def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
+    """Open and close a frame around each submodule call; returns handles to ``remove()``.
+
+    ``calls`` receives (address, pass, module, first record, end record, outputs, time) per
+    finished call; ``save_modules`` are addresses whose outputs are kept.
+    """
+    handles: list = []
+    counts: dict[str, int] = {}
+    frames = state.frames
+    addresses: dict[int, str] = {}  # submodules the process-wide hooks serve
+    clock = time.perf_counter_ns
+
+    def opened(mod, address):
+        n = counts.get(address, 0) + 1
+        counts[address] = n
+        frames.append([address, n, None, len(state.records), clock(), mod, frames[-1]])
+
+    def closed(mod, output, address):
+        # runs between two ops of the user's forward, like the recorder: kept short
+        if frames[-1][0] == address:
+            frame = frames.pop()
+        else:  # an inner call's frame is still open (its forward raised and was caught)
+            frame = _pop_frame(frames, address)
+            if frame is None:
+                return
+        found = [output] if type(output) is torch.Tensor else leaves(output, [])
+        if state.light is not None:
+            if address in save_modules and found:
+                key = address if frame[1] == 1 else f"{address}:{frame[1]}"
+                state.light[key] = state.keep(key, found[0] if len(found) == 1 else found)
+            return
+        tensors = state.tensors
+        # (record index, which tensor of its output) of each output tensor a recorded op made
+        if not state.writes and not save_modules:  # nothing written in place: no version check
+            outs = [(e[0], e[3]) for t in found
+                    if (e := tensors.get(id(t))) is not None and e[1]() is t]
+        else:
+            with DisableTorchFunction():  # tensor attributes here would go through the recorder
+                outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
+                        for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
+                if save_modules and address in save_modules:
+                    for t in found:
+                        index = state.producer(t)
+                        if index is not None and index not in state.values:
+                            state.values[index] = snapshot(t)
+        calls.append((address, frame[1], mod, frame[3], len(state.records), outs,
+                      clock() - frame[4]))
+
+    def pre(mod, args, address=None):
+        if address is None:
+            address = addresses.get(id(mod))
+            if address is None:
+                return
+        elif getattr(mod, "_torchlens_paused", False):
+            state.suspended -= 1
+            del mod._torchlens_paused
+        opened(mod, address)
+
+    def post(mod, args, output, address=None):
+        if address is None:
+            address = addresses.get(id(mod))
+            if address is None:
+                return
+        closed(mod, output, address)
+
+    def pause(mod, args):
+        # a lazy module: runs before its own initializing pre-hook; ``pre`` ends the pause
+        state.suspended += 1
+        mod._torchlens_paused = True
+
+    def wrap(mod, address, inner):
+        def forward(*args, **kwargs):
+            opened(mod, address)
+            output = inner(*args, **kwargs)
+            closed(mod, output, address)
+            return output
+
+        forward.__wrapped__ = inner  # inspect.signature(module.forward) still reads the real one
+        return forward
+
+    process_wide = bool(_module._global_forward_pre_hooks or _module._global_forward_hooks)
+    unwrap = _Unwrap()
+    for address, module in named_modules:
+        lazy = isinstance(module, LazyModuleMixin) and module.has_uninitialized_params()
+        if lazy:
+            handles.append(module.register_forward_pre_hook(pause, prepend=True))
+        if not address:
+            continue
+        if lazy or module._forward_pre_hooks or module._forward_hooks:
+            handles.append(module.register_forward_pre_hook(partial(pre, address=address)))
+            handles.append(module.register_forward_hook(partial(post, address=address)))
+        elif process_wide or isinstance(module, torch.jit.ScriptModule):
+            addresses[id(module)] = address
+        else:
+            attrs = module.__dict__
+            wrapper = wrap(module, address, module.forward)
+            unwrap.wrapped.append((attrs, attrs.get("forward", _MISSING), wrapper))
+            attrs["forward"] = wrapper
+    handles.append(unwrap)
+    if addresses:
+        handles.append(_module.register_module_forward_pre_hook(pre))
+        handles.append(_module.register_module_forward_hook(post))
+    return handles
+
+
+def _pop_frame(frames: list, address: str) -> list | None:
+    for i in range(len(frames) - 1, 0, -1):
+        if frames[i][0] == address:
+            return frames.pop(i)
+    return None
+
+
+def _written_output(state: Any, t: torch.Tensor, entry: tuple) -> tuple[int, int]:
+    """(record, position) of an output tensor written in place since its op recorded it."""
+    index = state.producer(t)
+    return index, entry[3] if entry[0] == index else 0
