@@ -62,8 +62,10 @@ class _Unwrap:
 def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
     """Open and close a frame around each submodule call; returns handles to ``remove()``.
 
-    ``calls`` receives (address, pass, module, first record, end record, outputs, time) per
-    finished call; ``save_modules`` are addresses whose outputs are kept.
+    A frame is ``[address, pass, name counters, first record, start ns, module, enclosing
+    frame]``; a finished call's frame, its start turned into its time and extended by its end
+    record and its outputs, goes to ``calls``. ``save_modules`` are addresses whose outputs are
+    kept.
     """
     handles: list = []
     counts: dict[str, int] = {}
@@ -104,8 +106,9 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
                         index = state.producer(t)
                         if index is not None and index not in state.values:
                             state.values[index] = snapshot(t)
-        calls.append((address, frame[1], mod, frame[3], len(state.records), outs,
-                      clock() - frame[4]))
+        frame[4] = clock() - frame[4]
+        frame += (len(state.records), outs)
+        calls.append(frame)
 
     def pre(mod, args, address=None):
         if address is None:

@@ -22,9 +22,11 @@ _writers: dict[Any, Any] = {}  # callable -> how it writes (see _writer_of); cac
 
 
 def storage_key(t: Tensor) -> int:
-    """Identity of ``t``'s storage while it is alive (its data pointer)."""
+    """Identity of ``t``'s storage while it is alive: where its data starts, from the tensor's
+    own pointer (``untyped_storage()`` would make a Python object that lives as long as the
+    storage does, one more for the collector per saved value)."""
     try:
-        return t.untyped_storage().data_ptr()
+        return t.data_ptr() - t.storage_offset() * t.element_size()
     except Exception:
         return -1
 
@@ -112,10 +114,7 @@ class Held:
     def keep(self, index: int, t: Tensor, ref: Any, view: bool = True) -> None:
         """Save op ``index``'s output ``t`` by reference (``view``: it may alias a larger
         storage)."""
-        try:
-            key = t.untyped_storage().data_ptr()
-        except Exception:
-            key = -1
+        key = storage_key(t)
         self.values[index] = t.detach()
         self.entries[index] = (t._version, ref, key, view)
         self.by_storage.setdefault(key, []).append(index)

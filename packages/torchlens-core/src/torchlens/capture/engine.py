@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parameter import is_lazy
+from torch.nn.parameter import Parameter, is_lazy
 
 from .. import __version__ as _tl_version
 from ..collector import paused
@@ -292,9 +292,13 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
     """
     if state.advisories:  # the forward created parameters or modules: list them too
         inv = inventory(model)
-    param_facts = [(name, p.shape, p.dtype, p.device, p.requires_grad, False)
-                   if type(p) is nn.Parameter or not is_lazy(p) else
-                   (name, None, None, None, p.requires_grad, True) for name, p in inv.params]
+    # (shape, dtype, device, trainable, lazy) per parameter, equal facts kept once: a model of
+    # many like layers leaves the collector a few objects to scan, not two per parameter
+    shared: dict[tuple, tuple] = {}
+    param_facts = [shared.setdefault(f, f) for f in (
+        (p.shape, p.dtype, p.device, p.requires_grad, False)
+        if type(p) is Parameter or not is_lazy(p) else (None, None, None, p.requires_grad, True)
+        for _, p in inv.params)]
     buffer_facts = [(name, b.shape, b.dtype, b.device) for name, b in inv.buffers
                     if not is_lazy(b)]
     train_bn = [address for address, module in inv.modules
@@ -309,13 +313,14 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
         "save": save if isinstance(save, (str, type(None))) else sorted(save),
         "capture_ns": elapsed_ns,
         "partial": is_partial,
-        "root_params": sum([prod(f[1]) for f in param_facts if not f[5]]),
+        "root_params": sum([prod(f[0]) for f in param_facts if not f[4]]),
         "train_mode_batchnorm": train_bn,
         "op_time": time_kind(set(map(itemgetter(R_DEVICE), state.records))),
     }
     state.tensors = state.writes = state.held = None  # the recorder's working sets
-    built = functools.partial(_objects, state, calls, inv.modules, param_facts, buffer_facts,
-                          inv.aliases, homes or {})
+    modules = {address: type(module).__name__ for address, module in inv.modules if address}
+    built = functools.partial(_objects, state, calls, modules, [name for name, _ in inv.params],
+                              param_facts, buffer_facts, inv.aliases, homes or {})
     return Trace.deferred(built, len(state.records),
                           structure or {"type": "value", "repr": None}, meta,
                           provenance=provenance,
@@ -330,16 +335,21 @@ def time_kind(devices: set) -> str:
     return "host: wall time of each call (on CPU, the time the op computed)"
 
 
-def _objects(state, calls, named_modules, param_facts, buffer_facts, aliases, homes) -> tuple:
+def _objects(state, calls, module_classes, param_names, param_facts, buffer_facts, aliases,
+             homes) -> tuple:
     """(ops, modules, params, buffers) of a capture, from its records."""
     records = state.records
     ops: list[Op] = []
     children: list[list[int]] = [[] for _ in records]
     for i, rec in enumerate(records):
-        for p in rec[R_PARENTS]:
-            children[p].append(i)
+        parents = rec[R_PARENTS]
+        if type(parents) is int:
+            children[parents].append(i)
+        else:
+            for p in parents:
+                children[p].append(i)
     module_outputs: dict[int, list[str]] = {}
-    for address, pass_num, _, _, _, outs, _ in calls:
+    for address, pass_num, _, _, _, _, _, _, outs in calls:
         for index in {i for i, _ in outs}:
             module_outputs.setdefault(index, []).append(f"{address}:{pass_num}")
     labels: list[str] = []
@@ -366,7 +376,8 @@ def _objects(state, calls, named_modules, param_facts, buffer_facts, aliases, ho
         device_name = names.get(device) or names.setdefault(device, str(device))
         shape = list(shape)
         ops.append(Op(  # positional, in Op's field order: the fast path for big traces
-            i, label, base, pass_num, kind, func, [labels[p] for p in parents], [], shape,
+            i, label, base, pass_num, kind, func,
+            [labels[parents]] if type(parents) is int else [labels[p] for p in parents], [], shape,
             dtype_name, device_name,
             [list(s) for s in out_shapes] if out_shapes is not None else [list(shape)], nbytes,
             frame[0], frame[1], _stack(frame, stacks).copy(), module_outputs.get(i, []),
@@ -383,7 +394,7 @@ def _objects(state, calls, named_modules, param_facts, buffer_facts, aliases, ho
             used_by.setdefault(name, []).append(op.label)
     params = {}
     owned: dict[str, int] = {}  # parameter count of each module's own parameters
-    for name, shape, dtype, device, trainable, lazy in param_facts:
+    for name, (shape, dtype, device, trainable, lazy) in zip(param_names, param_facts):
         module = name.rpartition(".")[0]
         if lazy:
             params[name] = {"shape": None, "dtype": None, "device": None, "numel": 0,
@@ -420,16 +431,15 @@ def _objects(state, calls, named_modules, param_facts, buffer_facts, aliases, ho
                 break
             module = module.rpartition(".")[0]
     by_address: dict[str, list[ModuleCall]] = {}
-    for address, pass_num, module, start, end, outs, time_ns in sorted(
+    for address, pass_num, _, start, time_ns, module, _, end, outs in sorted(
             calls, key=lambda c: (c[0], c[1])):
         by_address.setdefault(address, []).append(ModuleCall(
             address, pass_num, type(module).__name__, labels[start:end],
             [labels[i] for i, _ in outs], time_ns, positions=[pos for _, pos in outs]))
     modules = {}
-    for address, module in named_modules:
-        if address:
-            modules[address] = Module(address, type(module).__name__, address.count(".") + 1,
-                                      recursive.get(address, 0), by_address.get(address, []))
+    for address, cls in module_classes.items():
+        modules[address] = Module(address, cls, address.count(".") + 1,
+                                  recursive.get(address, 0), by_address.get(address, []))
     return ops, modules, params, buffers
 
 

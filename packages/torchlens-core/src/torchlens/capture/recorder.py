@@ -51,10 +51,11 @@ _SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), 
 
 # One record per node, a tuple in this field order. The hot path stores raw facts (torch.Size,
 # dtype and device objects, the module frame); labels, strings and byte counts are derived once
-# the forward is over, in ``engine._build``. ``label`` is None until then (set at the op only when
-# ``save=`` names labels). ``out_shapes`` is None for a single output; ``nbytes`` None means
-# "numel of shape times dtype size"; ``flops`` holds the argument shapes of a call with a FLOP
-# formula (counted later), else None.
+# the forward is over, in ``engine._build``. ``parents`` is the producer's index when there is
+# one (most ops: one object less for the collector), else a list. ``label`` is None until then
+# (set at the op only when ``save=`` names labels). ``out_shapes`` is None for a single output;
+# ``nbytes`` None means "numel of shape times dtype size"; ``flops`` holds the argument shapes
+# of a call with a FLOP formula (counted later), else None.
 (R_FUNC, R_FRAME, R_PARENTS, R_PARAMS, R_BUFFERS, R_SHAPE, R_DTYPE, R_DEVICE, R_OUT_SHAPES,
  R_NBYTES, R_INPLACE, R_VIEW, R_FLOPS, R_TIME, R_LABEL, R_KIND, R_SLOT) = range(17)
 
@@ -72,7 +73,7 @@ class CaptureState:
         self.param_ids, self.buffer_ids = param_ids, buffer_ids
         self.save_all, self.save_labels = save_all, save_labels
         # [address, pass, per-call name counters (made on first use), first record, start ns,
-        #  module, enclosing frame (None for the root)]
+        #  module, enclosing frame (None for the root)]; see boundaries.install
         self.frames: list[list] = [["", 1, None, 0, 0, None, None]]
         self.sites: dict[tuple, str] = {}
         self.name_counts: dict[str, int] = {}
@@ -322,6 +323,8 @@ class Recorder(TorchFunctionMode):
                         parents.append(index)
             else:
                 break
+        if len(parents) == 1:
+            parents = parents[0]
         inplace = main is first and first._version != version_before
         index = len(s.records)
         frame = s.frames[-1]
