@@ -244,7 +244,8 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list,
     receipt["restored_flags"] = [name or type(model).__name__ for name, module, flag in flags
                                  if module.training]
     for _, module, flag in flags:
-        module.training = flag
+        if module.training is not flag:  # nn.Module's setattr is slow: only what changed
+            module.training = flag
     receipt["replaced"] = [name for name, module, local, t in params
                            if _put_back(module, "_parameters", local, t)]
     restored = []
@@ -321,7 +322,8 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     error: BaseException | None = None
     try:
         with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad):
-            model.eval()
+            if any(flag for _, _, flag in flags):
+                model.eval()
             try:
                 yield box
             finally:
@@ -348,7 +350,8 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
         homes_back = (homes(model, offload) if offload else {}) == homes_before
         replaced = undone.get("replaced", [])
         receipt = Receipt(
-            hash_before=_digest(state_before), hash_after=_digest(state_after),
+            hash_before=(digest := _digest(state_before)),
+            hash_after=digest if state_after == state_before else _digest(state_after),
             verified=not changed and flags_back and homes_back and not replaced,
             pinned={"mode": "eval", "grad": "enabled" if grad else "disabled", "surface": surface,
                     "rng": "forked (cpu" + (", cuda" if devices else "") + ")"},
