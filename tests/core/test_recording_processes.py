@@ -58,6 +58,33 @@ def test_a_store_killed_at_any_moment_opens_and_resumes(tmp_path):
     assert final.complete and all(torch.equal(v, want[k]) for k, v in _rows(final).items())
 
 
+def test_a_real_write_error_is_typed_and_leaves_the_store_consistent(tmp_path):
+    """The operating system refuses every write from the fourth forward on (a file size limit,
+    as a full disk would): the run ends with recording_write_failed naming the cause, the store
+    opens with the whole inputs written before, no temporary file is left, and the same call
+    resumes to the complete store."""
+    n = 8
+    model, inputs = build(n)
+    reference = _rows(tl.record(model, inputs, save=["a", "relu_1"], to=tmp_path / "ref",
+                                shard_bytes=1, progress=False))
+    store = tmp_path / "acts"
+    cmd = [sys.executable, *WORKER, "--to", str(store), "-n", str(n)]
+    # forward 1 checks the labels; inputs 0 and 1 are recorded before the limit
+    failed = subprocess.run([*cmd, "--file-limit-after", "4"], cwd=ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 3, failed.stderr[-3000:]
+    assert failed.stdout.startswith("recording_write_failed") and "too large" in failed.stdout
+    rec = tl.recording.open(store)
+    assert not rec.complete and len(rec) in (1, 1 + 2)  # input 0 has 1 row, input 1 has 2
+    for label, rows in _rows(rec).items():
+        assert torch.equal(rows, reference[label][:len(rec)])
+    assert [p.name for p in (store / "shards").iterdir()] == [
+        s["file"].rpartition("/")[2] for s in rec.manifest["shards"]]
+    subprocess.run(cmd, cwd=ROOT, env=child_env(), check=True, timeout=120)
+    final = tl.recording.open(store)
+    assert final.complete and all(torch.equal(v, reference[k]) for k, v in _rows(final).items())
+
+
 def test_torchrun_with_two_ranks_writes_the_single_process_store_bit_for_bit(tmp_path):
     n = 11  # not a multiple of 2: the ranks hold 6 and 5 inputs
     model, inputs = build(n)

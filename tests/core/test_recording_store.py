@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import errno
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -254,30 +252,6 @@ def test_an_input_that_changes_structure_names_its_index_and_keeps_earlier_rows(
     assert err.value.code == "recording_input_changed" and "input 2" in err.value.message
     rec = tl.recording.open(tmp_path)
     assert len(rec) == 4 and torch.equal(rec["relu_1"][0:4], torch.relu(torch.cat(inputs[:2])))
-
-
-def test_a_write_error_is_typed_and_leaves_the_store_consistent(tmp_path, monkeypatch):
-    model, xs = recurrent_inputs(4)
-    real = Path.write_bytes
-    writes = []
-
-    def failing(self, data):
-        writes.append(self.name)
-        if len(writes) >= 3:  # the disk is full from the third shard on
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(self, data)
-
-    monkeypatch.setattr(Path, "write_bytes", failing)
-    with pytest.raises(tl.TorchLensError) as err:
-        tl.record(model, xs, save=["cell"], to=tmp_path, shard_bytes=1, progress=False)
-    assert err.value.code == "recording_write_failed" and "No space" in err.value.message
-    monkeypatch.undo()
-    rec = tl.recording.open(tmp_path)
-    assert len(rec) == 4 and not list((tmp_path / "shards").glob(".*"))  # two whole inputs
-    memory = tl.record(model, xs[:2], save=["cell"], progress=False)
-    assert torch.equal(rec["cell"][0:4], memory["cell"])
-    resumed = tl.record(model, xs, save=["cell"], to=tmp_path, shard_bytes=1, progress=False)
-    assert len(resumed) == 8
 
 
 def test_open_refuses_what_is_not_a_store(tmp_path):

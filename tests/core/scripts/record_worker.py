@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
+import signal
+import sys
 import time
+from functools import partial
 
 import torch
 from torch import nn
@@ -66,6 +70,9 @@ def main() -> None:
     parser.add_argument("--fail-after", type=int, default=2)
     parser.add_argument("--loader", action="store_true", help="a DataLoader (a "
                         "DistributedSampler under torchrun) instead of a list")
+    parser.add_argument("--file-limit-after", type=int, help="from this forward on, no file "
+                        "may grow past 64 bytes (RLIMIT_FSIZE): every write fails, as on a "
+                        "full disk")
     args = parser.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     fail = args.fail_after if args.fail_rank == rank else None
@@ -73,8 +80,20 @@ def main() -> None:
     if args.loader:
         torch.distributed.init_process_group("gloo")  # the user's own group, as it is
         inputs = loader(args.n, distributed=True)
-    tl.record(model, inputs, save=["a", "relu_1"], to=args.to, shard_bytes=args.shard_bytes,
-              progress=False)
+    if args.file_limit_after is not None:
+        model.register_forward_pre_hook(partial(limit_files, after=args.file_limit_after))
+    try:
+        tl.record(model, inputs, save=["a", "relu_1"], to=args.to,
+                  shard_bytes=args.shard_bytes, progress=False)
+    except tl.TorchLensError as err:
+        print(f"{err.code}: {err.message}", flush=True)
+        sys.exit(3)
+
+
+def limit_files(model: nn.Module, args: tuple, after: int) -> None:
+    if model.calls + 1 == after:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.RLIM_INFINITY))
 
 
 if __name__ == "__main__":

@@ -75,9 +75,10 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, write) -> None:
-    """``write(tmp_path)``, fsync, then rename over ``path``: a reader sees old or new, whole."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def write_atomic(path: Path, write, tmp: Path | None = None) -> None:
+    """``write(tmp)``, fsync, then rename over ``path``: a reader sees old or new, whole.
+    ``tmp`` (default: a hidden file beside ``path``) must be on the same file system."""
+    tmp = tmp or path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)

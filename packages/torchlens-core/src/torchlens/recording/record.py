@@ -30,7 +30,9 @@ from .reader import open as open_store
 from .rows import Keeper, batch_rows, check_reduce, describe_reduce
 from .writer import ShardWriter, prepare
 
-SHARD_BYTES = 64 << 20
+# a shard's size: the last one is written while the caller waits, and two staging sets of it
+# stay in memory, so small; large enough that its fsync and manifest rewrite are rare
+SHARD_BYTES = 16 << 20
 
 
 def _is_single(inputs: Any) -> bool:

@@ -1,6 +1,7 @@
 """One rank's writer: buffers rows, writes whole shards atomically, then lists them.
 
-A shard is renamed into place only when whole and fsynced; the rank's manifest (and, alone,
+A shard is written by safetensors straight from the staging buffers into this rank's hidden
+folder, then renamed into place only when whole and fsynced; the rank's manifest (and, alone,
 the store's ``manifest.json``) is rewritten atomically after it. A kill at any moment leaves
 the last manifest, which names only whole shards. One shard at a time is written by a
 background thread while the next forwards run, so the disk's latency hides behind compute.
@@ -10,13 +11,16 @@ scattered small tensors that would fragment the heap under the forward's own all
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save as safetensors_bytes
+from safetensors import SafetensorError
+from safetensors.torch import save_file
 
 from ..errors import InputError
 from .manifest import (
@@ -105,9 +109,11 @@ class ShardWriter:
     def __init__(self, folder: Path, head: dict[str, Any], rank: int, *, interleave: str,
                  shard_bytes: int, resume: dict | None):
         self.folder, self.rank, self.shard_bytes = folder, rank, shard_bytes
-        (folder / SHARDS).mkdir(parents=True, exist_ok=True)
-        for stale in (folder / SHARDS).glob(f".r{rank:05d}-*"):
-            stale.unlink(missing_ok=True)  # a temporary file a killed run left
+        # shards are written here first (safetensors' own temporary file too), so a killed
+        # run's leftovers are this rank's alone to clear, never a file another rank is writing
+        self.staging = folder / SHARDS / f".writing-r{rank:05d}"
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
         self.part = resume or {**head, "rank": rank, "labels": {}, "shards": [], "rows": 0,
                                "items": 0, "interleave": interleave,
                                "provenance": {"origins": {}}}
@@ -233,17 +239,18 @@ class ShardWriter:
                 rows: list[int]) -> None:
         """In the writing thread: the shard whole on disk, then listed in the manifests."""
         name = f"r{self.rank:05d}-{index:06d}.safetensors"
-        data = safetensors_bytes(tensors, metadata={"rank": str(self.rank),
-                                                    "index": str(index)})
-        tensors.clear()  # the bytes hold it all now: let the tensors go before the disk write
-        write_atomic(self.folder / SHARDS / name, lambda tmp: tmp.write_bytes(data))
+        path = self.folder / SHARDS / name
+        metadata = {"rank": str(self.rank), "index": str(index)}
+        write_atomic(path, lambda tmp: _save(tensors, tmp, metadata), tmp=self.staging / name)
+        tensors.clear()
+        size = path.stat().st_size
         self.part["shards"].append({
             "file": f"{SHARDS}/{name}", "rank": self.rank, "index": index,
-            "items": [first, first + len(rows)], "rows": sum(rows), "bytes": len(data),
+            "items": [first, first + len(rows)], "rows": sum(rows), "bytes": size,
             "item_rows": rows[0] if len(set(rows)) == 1 else rows})
         self.part["items"] += len(rows)
         self.part["rows"] += sum(rows)
-        self.bytes_written += len(data)
+        self.bytes_written += size
         self._write_manifests()
 
     def close(self) -> None:
@@ -253,19 +260,35 @@ class ShardWriter:
             self.part["status"] = "complete"
             self._write_manifests()
         finally:
-            self._pool.shutdown(wait=True)
+            self._stop()
 
     def abandon(self) -> None:
         """After an error: keep every whole input recorded so far, then stop the thread."""
         try:
             self.flush(wait=True)
         finally:
-            self._pool.shutdown(wait=True)
+            self._stop()
+
+    def _stop(self) -> None:
+        self._pool.shutdown(wait=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
 
     def _write_manifests(self) -> None:
         write_json(self.folder / rank_manifest(self.rank), self.part)
         if self.part["world_size"] == 1:
             write_json(self.folder / MANIFEST, merge([self.part]))
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """Write a shard from the tensors' own memory; an I/O error is raised as the OSError it
+    wraps (so it becomes ``recording_write_failed``, naming the cause)."""
+    try:
+        save_file(tensors, path, metadata=metadata)
+    except SafetensorError as exc:
+        code = re.search(r"os error (\d+)", str(exc))
+        if code is None:
+            raise OSError(str(exc)) from exc
+        raise OSError(int(code[1]), os.strerror(int(code[1]))) from exc
 
 
 def _kind(value: Any) -> str:
