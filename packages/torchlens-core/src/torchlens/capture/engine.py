@@ -92,7 +92,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
         state.calls, state.live = {}, {}
     elif save_all or save_labels:
         state.held = Held(state.values)
-    calls: list[tuple] = []
+    calls: list[list] = []  # finished module calls (their frames)
     handles = install_boundaries(inv.modules, state, calls, save_modules)
     _add_inputs(state, args, kwargs)
     structure = None
