@@ -10,6 +10,7 @@ then owned by the trace alone; saved views share memory with the saved value the
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from typing import Any
 
 import torch
@@ -104,7 +105,9 @@ class Held:
 
     def __init__(self, values: dict[int, Any]):
         self.values = values
-        self.by_storage: dict[int, list[int]] = {}
+        # storage -> held op indices; made at the first write (a forward without in-place
+        # writes never needs it), kept up to date from then on
+        self.by_storage: dict[int, list[int]] | None = None
         # index -> (version, ref, storage, may be a view)
         self.entries: dict[int, tuple[int, Any, int, bool]] = {}
 
@@ -117,10 +120,15 @@ class Held:
         key = storage_key(t)
         self.values[index] = t.detach()
         self.entries[index] = (t._version, ref, key, view)
-        self.by_storage.setdefault(key, []).append(index)
+        if self.by_storage is not None:
+            self.by_storage.setdefault(key, []).append(index)
 
     def before_write(self, targets: list[Tensor]) -> None:
         """Copy every held value on the storages a call is about to write."""
+        if self.by_storage is None:
+            self.by_storage = {}
+            for index, entry in self.entries.items():
+                self.by_storage.setdefault(entry[2], []).append(index)
         for t in targets:
             for index in self.by_storage.pop(storage_key(t), ()):
                 self._own(index)
@@ -136,8 +144,8 @@ class Held:
         that alone holds a larger storage (the copy keeps only its own elements); drop and
         return what a call TorchLens could not see has written since (its value is lost)."""
         lost = []
-        sharing = {key: len(indices) for key, indices in self.by_storage.items()}
         entries = list(self.entries.items())
+        sharing = Counter(key for _, (_, _, key, _) in entries)
         reached = {index: ref() is not None for index, (_, ref, _, _) in entries}
         # a view someone else holds can write its whole storage, the base's elements included
         protected = protected | {key for index, (_, _, key, view) in entries
@@ -152,5 +160,5 @@ class Held:
                     view and sharing.get(key) == 1
                     and value.untyped_storage().nbytes() > value.numel() * value.element_size()):
                 self._own(index)
-        self.by_storage.clear()
+        self.by_storage = None
         return lost
