@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -283,6 +284,58 @@ def test_module_boundaries_leave_every_forward_as_it_was():
         tl.trace(model, torch.rand(3, 5))
     assert model[2].__dict__["forward"] is patched
     assert all("forward" not in vars(m) for m in (model[0], model[1]))
+
+
+class Gate(nn.Module):
+    """Holds each thread inside the forward until the test lets it go."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered = {"a": threading.Event(), "b": threading.Event()}
+        self.release = {"a": threading.Event(), "b": threading.Event()}
+
+    def forward(self, x):
+        name = threading.current_thread().name
+        if name in self.entered:
+            self.entered[name].set()
+            assert self.release[name].wait(30)
+        return x * 1
+
+
+def test_two_threads_capturing_one_model_leave_it_as_it_was():
+    """Captures that overlap in two threads (the first to start finishes first) each see their
+    own thread's module calls only, and put back every module's own forward and remove every
+    hook, whichever order they end in."""
+    from torch.nn.modules import module as torch_module
+
+    gate = Gate()
+    model = nn.Sequential(gate, nn.Linear(4, 4), nn.ReLU())
+    results, errors = {}, []
+
+    def run(name):
+        try:
+            results[name] = tl.trace(model, torch.rand(2, 4), save=None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = {name: threading.Thread(target=run, args=(name,), name=name) for name in "ab"}
+    threads["a"].start()
+    assert gate.entered["a"].wait(30)
+    threads["b"].start()
+    assert gate.entered["b"].wait(30)
+    gate.release["a"].set()
+    threads["a"].join(30)
+    gate.release["b"].set()
+    threads["b"].join(30)
+    assert not errors and set(results) == {"a", "b"}
+    for trace in results.values():  # each saw its own thread's calls only
+        assert [op.func for op in trace] == ["input", "mul", "linear", "relu", "output"]
+        assert [len(trace[a].calls) for a in ("0", "1", "2")] == [1, 1, 1]
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks
+    with torch.no_grad():
+        assert [op.func for op in tl.trace(model, torch.rand(2, 4))] == [
+            "input", "mul", "linear", "relu", "output"]
 
 
 def test_process_wide_user_hooks_keep_their_place_around_module_calls():

@@ -7,7 +7,9 @@ costs more than the frame itself. A submodule with hooks of its own, or a lazy o
 materialize, gets hooks registered after the user's instead: its frame opens after the user's
 pre-hooks ran and closes on the output the user's forward hooks return. While the user has
 process-wide forward hooks, every call takes the slow path anyway and their order matters, so
-process-wide hooks then serve the ordinary submodules.
+process-wide hooks then serve the ordinary submodules. Wrappers and hooks act only for calls
+in the capturing thread (the recorder's mode is per thread too): a call another thread makes
+passes straight through, also one that entered a wrapper before its capture ended.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from functools import partial
+from threading import get_ident
 from typing import Any
 
 import torch
@@ -72,6 +75,7 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
     frames = state.frames
     addresses: dict[int, str] = {}  # submodules the process-wide hooks serve
     clock = time.perf_counter_ns
+    owner = get_ident()
 
     def opened(mod, address):
         n = counts.get(address, 0) + 1
@@ -111,6 +115,8 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         calls.append(frame)
 
     def pre(mod, args, address=None):
+        if get_ident() != owner:
+            return
         if address is None:
             address = addresses.get(id(mod))
             if address is None:
@@ -121,6 +127,8 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         opened(mod, address)
 
     def post(mod, args, output, address=None):
+        if get_ident() != owner:
+            return
         if address is None:
             address = addresses.get(id(mod))
             if address is None:
@@ -129,41 +137,54 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
 
     def pause(mod, args):
         # a lazy module: runs before its own initializing pre-hook; ``pre`` ends the pause
+        if get_ident() != owner:
+            return
         state.suspended += 1
         mod._torchlens_paused = True
 
     def wrap(mod, address, inner):
         def forward(*args, **kwargs):
+            if get_ident() != owner:  # not this capture's call
+                return inner(*args, **kwargs)
             opened(mod, address)
             output = inner(*args, **kwargs)
             closed(mod, output, address)
             return output
 
         forward.__wrapped__ = inner  # inspect.signature(module.forward) still reads the real one
+        forward._torchlens_frames = True
         return forward
 
     process_wide = bool(_module._global_forward_pre_hooks or _module._global_forward_hooks)
     unwrap = _Unwrap()
-    for address, module in named_modules:
-        lazy = isinstance(module, LazyModuleMixin) and module.has_uninitialized_params()
-        if lazy:
-            handles.append(module.register_forward_pre_hook(pause, prepend=True))
-        if not address:
-            continue
-        if lazy or module._forward_pre_hooks or module._forward_hooks:
-            handles.append(module.register_forward_pre_hook(partial(pre, address=address)))
-            handles.append(module.register_forward_hook(partial(post, address=address)))
-        elif process_wide or isinstance(module, torch.jit.ScriptModule):
-            addresses[id(module)] = address
-        else:
-            attrs = module.__dict__
-            wrapper = wrap(module, address, module.forward)
-            unwrap.wrapped.append((attrs, attrs.get("forward", _MISSING), wrapper))
-            attrs["forward"] = wrapper
     handles.append(unwrap)
-    if addresses:
-        handles.append(_module.register_module_forward_pre_hook(pre))
-        handles.append(_module.register_module_forward_hook(post))
+    try:
+        for address, module in named_modules:
+            lazy = isinstance(module, LazyModuleMixin) and module.has_uninitialized_params()
+            if lazy:
+                handles.append(module.register_forward_pre_hook(pause, prepend=True))
+            if not address:
+                continue
+            if lazy or module._forward_pre_hooks or module._forward_hooks:
+                handles.append(module.register_forward_pre_hook(partial(pre, address=address)))
+                handles.append(module.register_forward_hook(partial(post, address=address)))
+            elif process_wide or isinstance(module, torch.jit.ScriptModule) or getattr(
+                    module.__dict__.get("forward"), "_torchlens_frames", False):
+                # (another capture, in another thread or around this one, wrapped it: it
+                # unwraps its own, so this one does not stack on top)
+                addresses[id(module)] = address
+            else:
+                attrs = module.__dict__
+                wrapper = wrap(module, address, module.forward)
+                unwrap.wrapped.append((attrs, attrs.get("forward", _MISSING), wrapper))
+                attrs["forward"] = wrapper
+        if addresses:
+            handles.append(_module.register_module_forward_pre_hook(pre))
+            handles.append(_module.register_module_forward_hook(post))
+    except BaseException:  # the user's model is left as it was found
+        for handle in handles:
+            handle.remove()
+        raise
     return handles
 
 

@@ -93,12 +93,12 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     elif save_all or save_labels:
         state.held = Held(state.values)
     calls: list[list] = []  # finished module calls (their frames)
-    handles = install_boundaries(inv.modules, state, calls, save_modules)
     _add_inputs(state, args, kwargs)
     structure = None
-    _active.depth = getattr(_active, "depth", 0) + 1
     offloaded = hooked(m for _, m in inv.modules)
     no_values = inv.has_meta and is_meta(model)
+    handles = install_boundaries(inv.modules, state, calls, save_modules)  # removed below
+    _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     try:
         with quiet_hooks(model, offloaded, state), Recorder(state):
@@ -204,7 +204,7 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[s
     handles = install_boundaries(modules, state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
-        # module addresses alone need no per-op mode: their hooks see the outputs
+        # module addresses alone need no per-op mode: their frames see the outputs
         counting = LightRecorder(state) if save_labels else contextlib.nullcontext()
         with quiet_hooks(model, hooked(m for _, m in modules), state), counting:
             model(*args, **kwargs)
