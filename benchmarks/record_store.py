@@ -118,6 +118,9 @@ def throughput(args) -> dict:
     order = list(methods)
     for k in range(args.rounds):  # interleaved and rotated, so drift hits every method alike
         for name in order[k % 3:] + order[:k % 3]:
+            # the kernel writes a loop's unsynced files back up to 30 s later: flush them here,
+            # untimed, so one method's deferred writes never land in the next one's time
+            os.sync()
             rows[name].append(methods[name]())
     size = sum(p.stat().st_size for p in (work / "store").rglob("*") if p.is_file())
     shutil.rmtree(work)
@@ -288,6 +291,11 @@ def markdown(res: dict) -> str:
                   f"| plain no-grad forward loop | {ips['plain']:.1f} |",
                   f"| forward hooks + torch.save loop | {ips['hooks']:.1f} |",
                   f"| tl.record(to=, dtype=bfloat16) | {ips['record']:.1f} |", ""]
+        sec = t["seconds"]  # each round ran the three back to back: a ratio less moved by drift
+        lines += ["Per round, seconds (plain / hooks / record) and record's time over the "
+                  "hook loop's: " + "; ".join(
+                      f"{p:.1f} / {h:.1f} / {r:.1f} ({r / h:.2f})"
+                      for p, h, r in zip(sec["plain"], sec["hooks"], sec["record"])) + ".", ""]
     lines += ["| target | measured | verdict |", "|---|---:|---:|"]
     if "throughput" in res:
         t = res["throughput"]
