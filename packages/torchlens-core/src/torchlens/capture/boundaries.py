@@ -114,26 +114,27 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         frame += (len(state.records), outs)
         calls.append(frame)
 
-    def pre(mod, args, address=None):
+    def served(mod, address):
+        """The address a hook call is for (a module's own hooks pass it), or None: another
+        thread's call, or a module the process-wide hooks do not serve."""
         if get_ident() != owner:
-            return
+            return None
+        return addresses.get(id(mod)) if address is None else address
+
+    def pre(mod, args, address=None):
+        own = address is not None  # the module's own hook: a lazy one's pause ends here
+        address = served(mod, address)
         if address is None:
-            address = addresses.get(id(mod))
-            if address is None:
-                return
-        elif getattr(mod, "_torchlens_paused", False):
+            return
+        if own and getattr(mod, "_torchlens_paused", False):
             state.suspended -= 1
             del mod._torchlens_paused
         opened(mod, address)
 
     def post(mod, args, output, address=None):
-        if get_ident() != owner:
-            return
-        if address is None:
-            address = addresses.get(id(mod))
-            if address is None:
-                return
-        closed(mod, output, address)
+        address = served(mod, address)
+        if address is not None:
+            closed(mod, output, address)
 
     def pause(mod, args):
         # a lazy module: runs before its own initializing pre-hook; ``pre`` ends the pause
