@@ -1,7 +1,8 @@
-"""Run one captured forward: module hooks plus the recorder, then build the Trace.
+"""Run one captured forward: module-call frames plus the recorder, then build the Trace.
 
-Hooks live on the model's own submodules only for the capture and are removed in ``finally``;
-whatever the forward raises, the error carries the op where it happened and the partial trace.
+The frames' wrappers and hooks (``boundaries``) live on the model's own submodules only for the
+capture and are removed in ``finally``; whatever the forward raises, the error carries the op
+where it happened and the partial trace.
 """
 
 from __future__ import annotations

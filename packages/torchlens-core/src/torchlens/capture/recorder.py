@@ -188,7 +188,7 @@ def _overlap(a: tuple, b: tuple) -> bool:
         return False
     if max(hi_a, hi_b) > 1 << 20 or any(s < 0 for s in a[2] + b[2]):
         return True
-    with torch._C.DisableTorchFunction():  # module hooks call this while the recorder is on
+    with torch._C.DisableTorchFunction():  # module frames call this while the recorder is on
         base = torch.arange(max(hi_a, hi_b))
         elements_a = base.as_strided(a[1], a[2], a[0]).reshape(-1)
         elements_b = base.as_strided(b[1], b[2], b[0]).reshape(-1)
