@@ -93,14 +93,15 @@ class _Stage:
         if rows.lengths is not None:
             self.lengths.append(rows.lengths.cpu())
 
-    def take(self) -> dict[str, torch.Tensor]:
-        """The filled rows (a view of the buffer) and offsets when ragged; the stage empties."""
-        out = {"units": self.buffer[:self.n]}
+    def take(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The filled rows (a view of the buffer) and their offsets when ragged, else None; the
+        stage empties."""
+        units, offsets = self.buffer[:self.n], None
         if self.lengths:
             lengths = torch.cat(self.lengths).to(torch.int64)
-            out["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
         self.n, self.lengths = 0, []
-        return out
+        return units, offsets
 
 
 class ShardWriter:
@@ -215,10 +216,9 @@ class ShardWriter:
         if self.pending_rows:
             tensors: dict[str, torch.Tensor] = {}
             for key, stage in self.pending.items():
-                taken = stage.take()
-                tensors[key] = taken["units"]
-                if "offsets" in taken:
-                    tensors[OFFSETS + key] = taken["offsets"]
+                tensors[key], offsets = stage.take()
+                if offsets is not None:
+                    tensors[OFFSETS + key] = offsets
             index, first = self._next
             rows = self.pending_rows
             self._next = (index + 1, first + len(rows))
@@ -242,7 +242,6 @@ class ShardWriter:
         path = self.folder / SHARDS / name
         metadata = {"rank": str(self.rank), "index": str(index)}
         write_atomic(path, lambda tmp: _save(tensors, tmp, metadata), tmp=self.staging / name)
-        tensors.clear()
         size = path.stat().st_size
         self.part["shards"].append({
             "file": f"{SHARDS}/{name}", "rank": self.rank, "index": index,
