@@ -144,21 +144,28 @@ class Held:
         that alone holds a larger storage (the copy keeps only its own elements); drop and
         return what a call TorchLens could not see has written since (its value is lost)."""
         lost = []
+        values = self.values
         entries = list(self.entries.items())
-        sharing = Counter(key for _, (_, _, key, _) in entries)
-        reached = {index: ref() is not None for index, (_, ref, _, _) in entries}
+        reached = [ref() is not None for _, (_, ref, _, _) in entries]
         # a view someone else holds can write its whole storage, the base's elements included
-        protected = protected | {key for index, (_, _, key, view) in entries
-                                 if view and reached[index]}
-        for index, (version, _, key, view) in entries:
-            value = self.values[index]
+        held_views = {entry[2] for (_, entry), alive in zip(entries, reached)
+                      if alive and entry[3]}
+        if held_views:
+            protected = protected | held_views
+        sharing = None  # storage -> held values on it; counted for the first view that asks
+        for (index, (version, _, key, view)), alive in zip(entries, reached):
+            value = values[index]
             if value._version != version and value.numel():  # an empty tensor holds nothing
                 self.entries.pop(index)
-                del self.values[index]
+                del values[index]
                 lost.append(index)
-            elif reached[index] or key in protected or (
-                    view and sharing.get(key) == 1
-                    and value.untyped_storage().nbytes() > value.numel() * value.element_size()):
+            elif alive or key in protected:
                 self._own(index)
+            elif view:
+                if sharing is None:
+                    sharing = Counter(entry[2] for _, entry in entries)
+                if sharing[key] == 1 and \
+                        value.untyped_storage().nbytes() > value.numel() * value.element_size():
+                    self._own(index)
         self.by_storage = None
         return lost
