@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import os
 import platform
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -157,12 +158,15 @@ def time_rounds(methods: dict[str, Callable[[], Any]], *, runs: int, warmup: int
     can only favour a method whose reference cycles would later force full collections, never
     TorchLens, which leaves none). The order of the methods rotates each round, so drift and
     order effects hit them all alike. ``gc_out`` (if given) receives, per method, the
-    collector's seconds in each timed call and its count of collections (all / full). A method
-    that raises is dropped and reported through ``on_error``.
+    collector's seconds in each timed call, its count of collections (all / full), and the
+    process's minor page faults and kernel seconds over the timed calls (``getrusage``, read
+    outside the timed region). A method that raises is dropped and reported through
+    ``on_error``.
     """
     alive = dict(methods)
     samples: dict[str, list[float]] = {name: [] for name in methods}
-    gc_runs = {name: {"seconds": [], "collections": 0, "full": 0} for name in methods}
+    gc_runs = {name: {"seconds": [], "collections": 0, "full": 0, "faults": 0, "sys_s": 0.0}
+               for name in methods}
 
     def drop(name: str, err: BaseException) -> None:
         alive.pop(name, None)
@@ -187,11 +191,15 @@ def time_rounds(methods: dict[str, Callable[[], Any]], *, runs: int, warmup: int
                     time_once(fn)
                     for _ in range(min(block, runs - r * block)):
                         before = (clock.seconds, clock.collections, clock.full)
+                        usage = resource.getrusage(resource.RUSAGE_SELF)
                         samples[name].append(time_once(fn))
+                        after = resource.getrusage(resource.RUSAGE_SELF)
                         g = gc_runs[name]
                         g["seconds"].append(clock.seconds - before[0])
                         g["collections"] += clock.collections - before[1]
                         g["full"] += clock.full - before[2]
+                        g["faults"] += after.ru_minflt - usage.ru_minflt
+                        g["sys_s"] += after.ru_stime - usage.ru_stime
                 except Exception as err:
                     drop(name, err)
     if gc_out is not None:
@@ -212,6 +220,8 @@ def summarize(samples: list[float], gc_run: dict[str, Any] | None = None) -> dic
         out["gc_mean_ms"] = statistics.fmean(gc_run["seconds"]) * 1e3
         out["gc_collections"] = gc_run["collections"]
         out["gc_full_collections"] = gc_run["full"]
+        out["faults_per_call"] = gc_run["faults"] / len(ms)
+        out["sys_ms_per_call"] = gc_run["sys_s"] * 1e3 / len(ms)
     return out
 
 

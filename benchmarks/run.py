@@ -8,9 +8,10 @@ a bare ``TorchFunctionMode`` (the floor of a Python-level mode), ``tl.trace(save
 ``tl.trace(save="all")``, ``tl.record`` of 4 ops, ``tl.summary``, the pinned capture ``tl.draw``
 makes and the whole ``tl.draw``, torchinfo's ``summary`` and torchview's ``draw_graph``; torchlens
 2.36.1 runs in its own process (the ``bench-peer`` env) against its own plain forward. Every figure
-is a ratio of means to the plain forward of the process that measured it (medians shown too), and a
-time per op. Then GPT-2 at 2, 4, 8 and 16 layers: metadata-only capture time per op and metadata
-bytes per op.
+is a ratio of means to the plain forward of the process that measured it (medians shown too), a
+time per op, and each call's page faults and kernel time. Then GPT-2 at 2, 4, 8 and 16 layers:
+metadata-only capture time per op and metadata bytes per op. Last, for attribution only, tinyops
+and resnet18 again in a child process with glibc's heap trimming off.
 
     hatch run bench:run              # full run; writes benchmarks/results/latest.{json,md}
     hatch run bench:run --quick      # smoke test: 3 runs, no peers; writes results/quick.{json,md}
@@ -61,6 +62,7 @@ ROWS = {
     "bare": "bare TorchFunctionMode (floor)",
     "tl_meta": 'torchlens trace(save=None)',
     "tl_all": 'torchlens trace(save="all")',
+    "tl_engine": "torchlens trace(save=None), handler a pass-through (attribution)",
     "tl_record": "torchlens record(save=4 ops)",
     "tl_summary": "torchlens summary",
     "tl_draw_capture": "torchlens draw: capture only",
@@ -82,6 +84,13 @@ TARGET_VS_TORCHINFO = (("resnet18", "gpt2"), ("tl_summary", "tl_draw_capture"))
 TARGET_PEER_SPEEDUP = 8.0
 TARGET_PEER_MODELS = ("resnet18", "gpt2")
 TARGET_FLAT = 0.25
+
+# The attribution run: glibc keeps freed heap memory instead of returning it to the kernel, so
+# the next call's allocations are not fresh pages (process-wide settings: a user's to make).
+ALLOCATOR_ENV = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
+ALLOCATOR_ENV_TEXT = "MALLOC_TRIM_THRESHOLD_=1 GiB, MALLOC_MMAP_THRESHOLD_=32 MiB"
+ALLOCATOR_MODELS = ("tinyops", "resnet18")
+ALLOCATOR_METHODS = ("bare", "tl_meta", "tl_all")
 
 
 # --------------------------------------------------------------------------------------- methods
@@ -106,6 +115,8 @@ def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
         methods["tl_meta"] = trace(None)
     if "tl_all" not in skip:
         methods["tl_all"] = trace("all")
+    if "tl_engine" not in skip:
+        methods["tl_engine"] = engine_only(trace(None))
 
     if "tl_record" not in skip and hasattr(tl, "record"):
         with torch.no_grad():
@@ -160,6 +171,26 @@ def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
         except ImportError as err:
             missing["torchview"] = f"n/a (torchview not importable: {err})"
     return methods, missing
+
+
+def engine_only(run: Callable[[], Any]) -> Callable[[], Any]:
+    """``run`` (a ``save=None`` trace) with the recorder's handler only calling each function:
+    the capture's cost apart from recording ops (module frames, the model's inventory, the
+    Trace's meta). Attribution only: the trace it makes is empty."""
+    from torchlens.capture.recorder import Recorder
+
+    def passthrough(self: Any, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        return func(*args, **kwargs) if kwargs else func(*args)
+
+    def timed() -> Any:
+        handler = Recorder.__dict__["__torch_function__"]
+        Recorder.__torch_function__ = passthrough
+        try:
+            return run()
+        finally:
+            Recorder.__torch_function__ = handler
+
+    return timed
 
 
 def draw_capture(model: torch.nn.Module, x: Any) -> Callable[[], Any] | None:
@@ -313,6 +344,31 @@ def bench_models(tl: Any, args: argparse.Namespace, skip: set[str]) -> dict[str,
             del model, x
             gc.collect()
     return results
+
+
+def bench_allocator(args: argparse.Namespace) -> dict[str, Any]:
+    """This file again in a child process with ``ALLOCATOR_ENV``, for ``ALLOCATOR_METHODS`` on
+    ``ALLOCATOR_MODELS``: how much of a capture's cost is fresh pages from the kernel."""
+    models = [m for m in ALLOCATOR_MODELS if m in args.models]
+    if not models:
+        return {}
+    print(f"[allocator] {', '.join(models)} with {ALLOCATOR_ENV_TEXT} ...", flush=True)
+    skip = [k for k in ROWS if k != "plain" and k not in ALLOCATOR_METHODS]
+    with tempfile.TemporaryDirectory(prefix="tl-bench-alloc-") as tmp:
+        out = Path(tmp) / "alloc.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--models", ",".join(models),
+               "--skip", ",".join(skip), "--no-scaling", "--no-allocator",
+               "--runs", str(args.runs), "--warmup", str(args.warmup), "--json", str(out)]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        proc = subprocess.run(cmd, env={**os.environ, **ALLOCATOR_ENV}, capture_output=True,
+                              text=True, timeout=1200)
+        if proc.returncode != 0 or not out.exists():
+            return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}"}
+        child = json.loads(out.read_text(encoding="utf-8"))
+    return {"env": ALLOCATOR_ENV, "models": {
+        n: {"methods": {k: v for k, v in child["models"][n]["methods"].items()
+                        if k == "plain" or k in ALLOCATOR_METHODS}} for n in models}}
 
 
 def bench_scaling(tl: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -568,6 +624,41 @@ def gc_rows(report: dict[str, Any], keys: list[str], models: list[str]) -> list[
     return rows
 
 
+def fault_rows(report: dict[str, Any], keys: list[str], models: list[str]) -> list[list[str]]:
+    rows = []
+    for k in keys:
+        cells = []
+        for n in models:
+            s = (report["models"].get(n, {}).get("methods") or {}).get(k) or {}
+            cells.append("n/a" if "faults_per_call" not in s else
+                         f"{s['faults_per_call']:,.0f} ({s['sys_ms_per_call']:.2f})")
+        if any(c != "n/a" for c in cells):
+            rows.append([row_label(k, report["versions"]), *cells])
+    return rows
+
+
+def allocator_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The allocator child's ratios, faults and kernel ms beside the main run's."""
+    alloc = report.get("allocator") or {}
+    models = [n for n in alloc.get("models", {}) if n in report["models"]]
+    header = ["method"] + [f"{n} {part}" for n in models for part in ("default", "no trim")]
+    rows = []
+    for k in ALLOCATOR_METHODS:
+        cells = []
+        for n in models:
+            for source in (report["models"][n], alloc["models"][n]):
+                s = (source.get("methods") or {}).get(k) or {}
+                plain = (source.get("methods") or {}).get("plain") or {}
+                if s.get("mean_ms") is None or not plain.get("mean_ms"):
+                    cells.append("n/a")
+                    continue
+                cells.append(f"{s['mean_ms'] / plain['mean_ms']:.2f}x, "
+                             f"{s.get('faults_per_call', 0):,.0f} faults "
+                             f"({s.get('sys_ms_per_call', 0):.1f} ms)")
+        rows.append([row_label(k, report["versions"]), *cells])
+    return header, rows
+
+
 def render(report: dict[str, Any], markdown: bool) -> str:
     models = report["config"]["models"]
     ratios, medians = report["ratios"], report["ratios_median"]
@@ -614,6 +705,20 @@ def render(report: dict[str, Any], markdown: bool) -> str:
         parts += ["", "Cyclic collector inside the timed calls: ms per call (collections / of "
                       f"them full, over {report['config']['runs']} runs):", "",
                   table(header, g_rows)]
+    f_rows = fault_rows(report, keys, models)
+    if f_rows:
+        parts += ["", "Minor page faults per timed call, and in brackets the kernel's ms per call "
+                      "(getrusage): memory the allocator hands out fresh from the kernel:", "",
+                  table(header, f_rows)]
+    if (report.get("allocator") or {}).get("models"):
+        a_header, a_rows = allocator_rows(report)
+        parts += ["", "Where the rest goes: the same methods in a child process with glibc's "
+                      f"heap trimming off ({ALLOCATOR_ENV_TEXT}): ratio to its plain forward, "
+                      "faults and kernel ms per call. Attribution only; the targets use this "
+                      "run's default allocator, as a user runs it:", "",
+                  table(a_header, a_rows)]
+    elif (report.get("allocator") or {}).get("error"):
+        parts += ["", f"Allocator attribution not measured: {report['allocator']['error']}"]
     sc = report.get("scaling")
     if sc:
         sc_header = ["GPT-2 layers", "ops", "plain ms", "capture ms (save=None)", "ratio",
@@ -675,6 +780,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help="comma-separated methods not to time: "
                                               + ", ".join(k for k in ROWS if k != "plain"))
     p.add_argument("--no-scaling", action="store_true", help="skip the GPT-2 layer sweep")
+    p.add_argument("--no-allocator", action="store_true",
+                   help="skip the attribution run with glibc's heap trimming off")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--gpt2", choices=GPT2_CLASSES, default="lm",
                    help="lm: GPT2LMHeadModel (default); base: GPT2Model, no LM head")
@@ -723,6 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         if peer.get("error"):
             print(f"torchlens 2.36.1 peer not measured: {peer['error']}", flush=True)
     scaling = None if args.no_scaling else bench_scaling(tl, args)
+    allocator = {} if args.no_allocator or args.quick else bench_allocator(args)
 
     versions = {"torchinfo": version_of("torchinfo"), "torchview": version_of("torchview"),
                 "peer_tl": peer.get("version", "2.36.1")}
@@ -748,6 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_op": per_op_table(results),
         "why_missing": reasons(results, peer, skip),
         "scaling": scaling,
+        "allocator": allocator,
     }
     report["targets"] = targets(ratios, report["per_op"], scaling, args.models)
     report["elapsed_s"] = time.perf_counter() - started
