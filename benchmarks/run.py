@@ -90,7 +90,7 @@ TARGET_FLAT = 0.25
 ALLOCATOR_ENV = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 ALLOCATOR_ENV_TEXT = "MALLOC_TRIM_THRESHOLD_=1 GiB, MALLOC_MMAP_THRESHOLD_=32 MiB"
 ALLOCATOR_MODELS = ("tinyops", "resnet18")
-ALLOCATOR_METHODS = ("bare", "tl_meta", "tl_all")
+ALLOCATOR_METHODS = ("bare", "tl_meta", "tl_all", "tl_record")
 
 
 # --------------------------------------------------------------------------------------- methods
