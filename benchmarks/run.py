@@ -89,7 +89,7 @@ TARGET_FLAT = 0.25
 # the next call's allocations are not fresh pages (process-wide settings: a user's to make).
 ALLOCATOR_ENV = {"MALLOC_TRIM_THRESHOLD_": str(1 << 30), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 ALLOCATOR_ENV_TEXT = "MALLOC_TRIM_THRESHOLD_=1 GiB, MALLOC_MMAP_THRESHOLD_=32 MiB"
-ALLOCATOR_MODELS = ("tinyops", "resnet18")
+ALLOCATOR_MODELS = ("tinyops", "resnet18", "gpt2")
 ALLOCATOR_METHODS = ("bare", "tl_meta", "tl_all", "tl_record")
 
 
@@ -347,28 +347,31 @@ def bench_models(tl: Any, args: argparse.Namespace, skip: set[str]) -> dict[str,
 
 
 def bench_allocator(args: argparse.Namespace) -> dict[str, Any]:
-    """This file again in a child process with ``ALLOCATOR_ENV``, for ``ALLOCATOR_METHODS`` on
-    ``ALLOCATOR_MODELS``: how much of a capture's cost is fresh pages from the kernel."""
+    """This file again in two child processes, ``ALLOCATOR_METHODS`` on ``ALLOCATOR_MODELS``:
+    one with glibc's defaults, one with ``ALLOCATOR_ENV``, so the two differ only in the
+    allocator; how much of a capture's cost is fresh pages from the kernel."""
     models = [m for m in ALLOCATOR_MODELS if m in args.models]
     if not models:
         return {}
-    print(f"[allocator] {', '.join(models)} with {ALLOCATOR_ENV_TEXT} ...", flush=True)
     skip = [k for k in ROWS if k != "plain" and k not in ALLOCATOR_METHODS]
-    with tempfile.TemporaryDirectory(prefix="tl-bench-alloc-") as tmp:
-        out = Path(tmp) / "alloc.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--models", ",".join(models),
-               "--skip", ",".join(skip), "--no-scaling", "--no-allocator",
-               "--runs", str(args.runs), "--warmup", str(args.warmup), "--json", str(out)]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        proc = subprocess.run(cmd, env={**os.environ, **ALLOCATOR_ENV}, capture_output=True,
-                              text=True, timeout=1200)
-        if proc.returncode != 0 or not out.exists():
-            return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-500:]}"}
-        child = json.loads(out.read_text(encoding="utf-8"))
-    return {"env": ALLOCATOR_ENV, "models": {
-        n: {"methods": {k: v for k, v in child["models"][n]["methods"].items()
-                        if k == "plain" or k in ALLOCATOR_METHODS}} for n in models}}
+    runs: dict[str, Any] = {"env": ALLOCATOR_ENV}
+    for part, env in (("default", {}), ("no_trim", ALLOCATOR_ENV)):
+        print(f"[allocator] {', '.join(models)}, {part} ...", flush=True)
+        with tempfile.TemporaryDirectory(prefix="tl-bench-alloc-") as tmp:
+            out = Path(tmp) / "alloc.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--models", ",".join(models),
+                   "--skip", ",".join(skip), "--no-scaling", "--no-allocator",
+                   "--runs", str(args.runs), "--warmup", str(args.warmup), "--json", str(out)]
+            if args.threads:
+                cmd += ["--threads", str(args.threads)]
+            proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True,
+                                  text=True, timeout=1200)
+            if proc.returncode != 0 or not out.exists():
+                return {"error": f"{part}: exit {proc.returncode}: "
+                                 f"{proc.stderr.strip()[-500:]}"}
+            child = json.loads(out.read_text(encoding="utf-8"))
+        runs[part] = {n: child["models"][n]["methods"] for n in models}
+    return runs
 
 
 def bench_scaling(tl: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -638,17 +641,17 @@ def fault_rows(report: dict[str, Any], keys: list[str], models: list[str]) -> li
 
 
 def allocator_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The allocator child's ratios, faults and kernel ms beside the main run's."""
+    """The two allocator children side by side: ratio, faults and kernel ms per call."""
     alloc = report.get("allocator") or {}
-    models = [n for n in alloc.get("models", {}) if n in report["models"]]
+    models = list(alloc.get("default", {}))
     header = ["method"] + [f"{n} {part}" for n in models for part in ("default", "no trim")]
     rows = []
-    for k in ALLOCATOR_METHODS:
+    for k in ("plain", *ALLOCATOR_METHODS):
         cells = []
         for n in models:
-            for source in (report["models"][n], alloc["models"][n]):
-                s = (source.get("methods") or {}).get(k) or {}
-                plain = (source.get("methods") or {}).get("plain") or {}
+            for part in ("default", "no_trim"):
+                methods = alloc[part][n]
+                s, plain = methods.get(k) or {}, methods.get("plain") or {}
                 if s.get("mean_ms") is None or not plain.get("mean_ms"):
                     cells.append("n/a")
                     continue
@@ -710,12 +713,12 @@ def render(report: dict[str, Any], markdown: bool) -> str:
         parts += ["", "Minor page faults per timed call, and in brackets the kernel's ms per call "
                       "(getrusage): memory the allocator hands out fresh from the kernel:", "",
                   table(header, f_rows)]
-    if (report.get("allocator") or {}).get("models"):
+    if (report.get("allocator") or {}).get("no_trim"):
         a_header, a_rows = allocator_rows(report)
-        parts += ["", "Where the rest goes: the same methods in a child process with glibc's "
-                      f"heap trimming off ({ALLOCATOR_ENV_TEXT}): ratio to its plain forward, "
-                      "faults and kernel ms per call. Attribution only; the targets use this "
-                      "run's default allocator, as a user runs it:", "",
+        parts += ["", "Allocator attribution: these methods again in two child processes, one "
+                      "with glibc's defaults and one with its heap trimming off "
+                      f"({ALLOCATOR_ENV_TEXT}); ratio to that process's plain forward, faults "
+                      "and kernel ms per call. The targets use the main run above:", "",
                   table(a_header, a_rows)]
     elif (report.get("allocator") or {}).get("error"):
         parts += ["", f"Allocator attribution not measured: {report['allocator']['error']}"]
