@@ -614,30 +614,31 @@ def per_op_rows(report: dict[str, Any], keys: list[str], models: list[str]) -> l
     return rows
 
 
-def gc_rows(report: dict[str, Any], keys: list[str], models: list[str]) -> list[list[str]]:
+def stat_rows(report: dict[str, Any], keys: list[str], models: list[str],
+              cell: Callable[[dict[str, Any]], str | None]) -> list[list[str]]:
+    """A row per method of ``cell(its figures)`` per model ("n/a" where ``cell`` gives None);
+    a method with no cell at all is left out."""
     rows = []
     for k in keys:
         cells = []
         for n in models:
-            s = (report["models"].get(n, {}).get("methods") or {}).get(k) or {}
-            cells.append("n/a" if "gc_mean_ms" not in s else f"{s['gc_mean_ms']:.2f} "
-                         f"({s['gc_collections']}/{s['gc_full_collections']})")
+            text = cell((report["models"].get(n, {}).get("methods") or {}).get(k) or {})
+            cells.append("n/a" if text is None else text)
         if any(c != "n/a" for c in cells):
             rows.append([row_label(k, report["versions"]), *cells])
     return rows
 
 
-def fault_rows(report: dict[str, Any], keys: list[str], models: list[str]) -> list[list[str]]:
-    rows = []
-    for k in keys:
-        cells = []
-        for n in models:
-            s = (report["models"].get(n, {}).get("methods") or {}).get(k) or {}
-            cells.append("n/a" if "faults_per_call" not in s else
-                         f"{s['faults_per_call']:,.0f} ({s['sys_ms_per_call']:.2f})")
-        if any(c != "n/a" for c in cells):
-            rows.append([row_label(k, report["versions"]), *cells])
-    return rows
+def gc_cell(s: dict[str, Any]) -> str | None:
+    if "gc_mean_ms" not in s:
+        return None
+    return f"{s['gc_mean_ms']:.2f} ({s['gc_collections']}/{s['gc_full_collections']})"
+
+
+def fault_cell(s: dict[str, Any]) -> str | None:
+    if "faults_per_call" not in s:
+        return None
+    return f"{s['faults_per_call']:,.0f} ({s['sys_ms_per_call']:.2f})"
 
 
 def allocator_rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -703,12 +704,12 @@ def render(report: dict[str, Any], markdown: bool) -> str:
                   "and in brackets that overhead over the bare TorchFunctionMode's:", "",
                   table(op_header, op_rows), ""]
     parts += ["Targets (every verdict from this run's means):", "", table(tgt_header, tgt_rows)]
-    g_rows = gc_rows(report, keys, models)
+    g_rows = stat_rows(report, keys, models, gc_cell)
     if g_rows:
         parts += ["", "Cyclic collector inside the timed calls: ms per call (collections / of "
                       f"them full, over {report['config']['runs']} runs):", "",
                   table(header, g_rows)]
-    f_rows = fault_rows(report, keys, models)
+    f_rows = stat_rows(report, keys, models, fault_cell)
     if f_rows:
         parts += ["", "Minor page faults per timed call, and in brackets the kernel's ms per call "
                       "(getrusage): memory the allocator hands out fresh from the kernel:", "",
