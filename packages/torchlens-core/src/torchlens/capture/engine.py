@@ -146,13 +146,7 @@ def _settle(state: CaptureState, inv: Inventory, args: tuple, kwargs: dict) -> l
     leaves((args, kwargs), found)
     protected = {storage_key(t) for t in found}
     lazy = inv.lazy
-    for named in (inv.params, inv.buffers):
-        tensors = [t for name, t in named if name not in lazy] if lazy else [t for _, t in named]
-        try:  # storage_key inline: a model of many small parameters has many to look up
-            protected.update([t.data_ptr() - t.storage_offset() * t.element_size()
-                              for t in tensors])
-        except Exception:  # a tensor without data (sparse, meta): storage_key knows it
-            protected.update(map(storage_key, tensors))
+    protected.update(storage_key(t) for name, t in inv.params + inv.buffers if name not in lazy)
     return state.held.settle(protected)
 
 
