@@ -9,7 +9,8 @@ Every figure is measured in one invocation (``hatch run bench:record``) and writ
 - memory: peak RSS of the same recording over 1,000 and 10,000 inputs, each in a fresh process
   (a small GPT-2, so that 10,000 forwards take minutes, not an hour);
 - scale-out: 2 ranks x 1 thread under torchrun against 1 rank x 1 thread, inputs/s, best of
-  ``--rounds`` runs each, alternating;
+  ``--rounds`` runs each, alternating; the plain forward loop split the same way beside it, as
+  the ceiling two processes reach on this machine;
 - reading: open a store of 1,048,576 rows, then stream it with ``rec.batches`` from the page
   cache, in order and shuffled.
 """
@@ -182,8 +183,10 @@ def memory(args) -> dict:
     return {"runs": out, "growth": big / small - 1}
 
 
-def rank_child(folder: str, n: int) -> None:
-    """One rank's recording (or the single rank's); prints inputs/s of its own tl.record."""
+def rank_child(folder: str, n: int, plain: bool = False) -> None:
+    """One rank's recording (or the single rank's); prints inputs/s of its own tl.record.
+    ``plain``: the same share of inputs through the plain no-grad forward loop instead, the
+    control that says how far two processes scale on this machine at all."""
     import torch.distributed as dist
 
     import torchlens as tl
@@ -194,10 +197,13 @@ def rank_child(folder: str, n: int) -> None:
     if world > 1:
         dist.init_process_group("gloo")
         dist.barrier()
-    start = time.perf_counter()
-    tl.record(model, batches, save=labels_for(model), to=folder, dtype=torch.bfloat16,
-              progress=False)
-    seconds = time.perf_counter() - start
+    if plain:
+        seconds = plain_loop(model, batches[int(os.environ.get("RANK", "0"))::world])
+    else:
+        start = time.perf_counter()
+        tl.record(model, batches, save=labels_for(model), to=folder, dtype=torch.bfloat16,
+                  progress=False)
+        seconds = time.perf_counter() - start
     if world > 1:
         box = [None] * world
         dist.all_gather_object(box, seconds)
@@ -211,25 +217,36 @@ def rank_child(folder: str, n: int) -> None:
 
 def scale_out(args) -> dict:
     """1 rank against 2 ranks under torchrun, alternating, best of ``args.rounds`` each (a 2-core
-    VM's neighbours move one run by tens of percent)."""
+    VM's neighbours move one run by tens of percent); the plain forward loop split the same way
+    alongside, as the machine's own ceiling."""
     n = args.scale_inputs
-    ones, twos = [], []
+    runs: dict[tuple[str, int], list[dict]] = {}
     for _ in range(args.rounds):
-        for runs, cmd in ((ones, [__file__, "--rank-child"]),
-                          (twos, ["-m", "torch.distributed.run", "--standalone",
-                                  "--nproc-per-node", "2", __file__, "--rank-child"])):
-            folder = tempfile.mkdtemp()
-            start = time.perf_counter()
-            run = _child([*cmd, folder, str(n)], threads=1)
-            run["wall"] = time.perf_counter() - start
-            runs.append(run)
-            shutil.rmtree(folder)
-    one = max(ones, key=lambda r: r["inputs_per_s"])
-    two = max(twos, key=lambda r: r["inputs_per_s"])
-    return {"inputs": n, "rounds": args.rounds, "one_rank": one, "two_ranks": two,
-            "all_one_rank": ones, "all_two_ranks": twos,
-            "speedup": two["inputs_per_s"] / one["inputs_per_s"],
-            "speedup_wall": min(r["wall"] for r in ones) / min(r["wall"] for r in twos)}
+        for method in ("record", "plain"):
+            flag = ["--rank-child"] if method == "record" else ["--plain-rank-child"]
+            for world, cmd in ((1, [__file__, *flag]),
+                               (2, ["-m", "torch.distributed.run", "--standalone",
+                                    "--nproc-per-node", "2", __file__, *flag])):
+                folder = tempfile.mkdtemp()
+                start = time.perf_counter()
+                run = _child([*cmd, folder, str(n)], threads=1)
+                run["wall"] = time.perf_counter() - start
+                runs.setdefault((method, world), []).append(run)
+                shutil.rmtree(folder)
+
+    def best(method: str, world: int) -> dict:
+        return max(runs[(method, world)], key=lambda r: r["inputs_per_s"])
+
+    def speedup(method: str) -> float:
+        return best(method, 2)["inputs_per_s"] / best(method, 1)["inputs_per_s"]
+
+    ones, twos = runs[("record", 1)], runs[("record", 2)]
+    return {"inputs": n, "rounds": args.rounds, "one_rank": best("record", 1),
+            "two_ranks": best("record", 2), "all_one_rank": ones, "all_two_ranks": twos,
+            "speedup": speedup("record"),
+            "speedup_wall": min(r["wall"] for r in ones) / min(r["wall"] for r in twos),
+            "plain_one_rank": runs[("plain", 1)], "plain_two_ranks": runs[("plain", 2)],
+            "plain_speedup": speedup("plain")}
 
 
 def _rss() -> int:
@@ -317,6 +334,9 @@ def markdown(res: dict) -> str:
                      f"prompts, best of {s.get('rounds', 1)} each) | {s['speedup']:.2f}x "
                      f"(wall incl. start-up "
                      f"{s['speedup_wall']:.2f}x) | {_v(s['speedup'] >= 1.7)} |")
+        if "plain_speedup" in s:
+            lines.append(f"| (control, no target) the plain no-grad loop split the same way, 2 "
+                         f"processes over 1 | {s['plain_speedup']:.2f}x | -- |")
     if "reading" in res:
         r = res["reading"]
         lines.append(f"| open a {r['rows']:,}-row store well under 1 s | {r['open_s'] * 1e3:.1f}"
@@ -345,11 +365,14 @@ def main() -> None:
     parser.add_argument("--json", default=str(HERE / "results" / "record_store.json"))
     parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--rank-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--plain-rank-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         return memory_child(int(args.memory_child[0]), args.memory_child[1])
     if args.rank_child:
         return rank_child(args.rank_child[0], int(args.rank_child[1]))
+    if args.plain_rank_child:
+        return rank_child(args.plain_rank_child[0], int(args.plain_rank_child[1]), plain=True)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     res: dict = {"machine": machine()}
     for part in args.only.split(","):
