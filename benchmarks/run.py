@@ -59,6 +59,7 @@ SCALING_LAYERS = (2, 4, 8, 16)
 # Method keys, in table order, with their row labels (versions are filled in at run time).
 ROWS = {
     "plain": "plain forward (no_grad)",
+    "plain_again": "plain forward again, a method of its own (this run's noise: ideally 1.00x)",
     "bare": "bare TorchFunctionMode (floor)",
     "tl_meta": 'torchlens trace(save=None)',
     "tl_all": 'torchlens trace(save="all")',
@@ -101,6 +102,8 @@ def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
     """The timed callables for one model, and why any method is not timed."""
     methods: dict[str, Callable[[], Any]] = {"plain": plain_forward(model, x)}
     missing: dict[str, str] = {}
+    if "plain_again" not in skip:
+        methods["plain_again"] = plain_forward(model, x)
     if "bare" not in skip:
         methods["bare"] = bare_forward(model, x)
 
@@ -607,7 +610,7 @@ def per_op_rows(report: dict[str, Any], keys: list[str], models: list[str]) -> l
                 row += ["n/a", "n/a"]
                 continue
             over = "--" if k == "plain" else f"{f['overhead_us_per_op']:+.2f}"
-            if f.get("vs_bare") is not None and k not in ("plain", "bare"):
+            if f.get("vs_bare") is not None and k not in ("plain", "plain_again", "bare"):
                 over += f" ({f['vs_bare']:.2f}x)"
             row += [f"{f['us_per_op']:.2f}", over]
         rows.append(row)
@@ -704,6 +707,12 @@ def render(report: dict[str, Any], markdown: bool) -> str:
                   "and in brackets that overhead over the bare TorchFunctionMode's:", "",
                   table(op_header, op_rows), ""]
     parts += ["Targets (every verdict from this run's means):", "", table(tgt_header, tgt_rows)]
+    noise = [f"{n} {fmt_x(ratios['plain_again'].get(n))}" for n in models
+             if ratios["plain_again"].get(n) is not None]
+    if noise:
+        parts += ["", "Noise check: the same plain forward, timed as a method of its own, read "
+                      f"{', '.join(noise)} of the plain forward. A verdict closer to its limit "
+                      "than that distance from 1.00x is not settled by this run."]
     g_rows = stat_rows(report, keys, models, gc_cell)
     if g_rows:
         parts += ["", "Cyclic collector inside the timed calls: ms per call (collections / of "
