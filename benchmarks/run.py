@@ -3,15 +3,16 @@
 Everything runs on the CPU. For tinyops (300 x ``Linear(8, 8)``, relu, ``+ 1`` on 1x8: ~900
 dispatch-bound ops), torchvision resnet18 (1x3x224x224) and GPT-2 (``GPT2Config()``: 12 layers, 768
 wide, random init, 32 token ids) it times, in rotating rounds of 5 back-to-back calls per method (no
-``gc.collect()`` between calls, one before each block), the plain forward under ``torch.no_grad()``,
-a bare ``TorchFunctionMode`` (the floor of a Python-level mode), ``tl.trace(save=None)``,
-``tl.trace(save="all")``, ``tl.record`` of 4 ops, ``tl.summary``, the pinned capture ``tl.draw``
-makes and the whole ``tl.draw``, torchinfo's ``summary`` and torchview's ``draw_graph``; torchlens
+``gc.collect()`` between calls, one before each block), the plain forward under ``torch.no_grad()``
+(twice, as two methods: the second one's ratio is the run's noise), a bare ``TorchFunctionMode``
+(the floor of a Python-level mode), ``tl.trace(save=None)``, ``tl.trace(save="all")``,
+``tl.record`` of 4 ops, ``tl.summary``, the pinned capture ``tl.draw`` makes and the whole
+``tl.draw``, torchinfo's ``summary`` and torchview's ``draw_graph``; torchlens
 2.36.1 runs in its own process (the ``bench-peer`` env) against its own plain forward. Every figure
 is a ratio of means to the plain forward of the process that measured it (medians shown too), a
 time per op, and each call's page faults and kernel time. Then GPT-2 at 2, 4, 8 and 16 layers:
-metadata-only capture time per op and metadata bytes per op. Last, for attribution only, tinyops
-and resnet18 again in a child process with glibc's heap trimming off.
+metadata-only capture time per op and metadata bytes per op. Last, for attribution only, the
+three models again in two child processes, glibc's defaults and its heap trimming off.
 
     hatch run bench:run              # full run; writes benchmarks/results/latest.{json,md}
     hatch run bench:run --quick      # smoke test: 3 runs, no peers; writes results/quick.{json,md}
