@@ -231,6 +231,36 @@ def test_addmm_and_baddbmm_flops_match_torch():
     assert trace.total_flops == counter.get_total_flops()
 
 
+def test_flops_from_a_weight_parameter_equal_those_from_the_call_shapes():
+    """A linear or addmm whose weight is a parameter keeps only the parameter's name per call;
+    its count equals the one made from the call's shapes (the same weight as a plain tensor)
+    and torch's."""
+
+    class Calls(nn.Module):
+        def __init__(self, as_parameter: bool):
+            super().__init__()
+            make = nn.Parameter if as_parameter else (lambda t: t)
+            gen = torch.Generator().manual_seed(0)
+            self.w = make(torch.rand(5, 8, generator=gen))
+            self.m = make(torch.rand(8, 5, generator=gen))
+            self.b = make(torch.rand(5, generator=gen))
+
+        def forward(self, x):
+            y = F.linear(x, self.w, self.b)  # (2, 3, 8) -> (2, 3, 5)
+            z = F.linear(x[0, 0], self.w)  # a 1-D input
+            return y.sum() + z.sum() + torch.addmm(self.b, x.view(-1, 8), self.m).sum()
+
+    x = torch.rand(2, 3, 8)
+    with_params, with_tensors = tl.trace(Calls(True), x), tl.trace(Calls(False), x)
+    assert with_params.params and not with_tensors.params
+    counted = [(op.label, op.flops) for op in with_params if op.flops is not None]
+    assert [label for label, _ in counted] == ["linear_1", "linear_2", "addmm_1"]
+    assert counted == [(op.label, op.flops) for op in with_tensors if op.flops is not None]
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        Calls(True)(x)
+    assert with_params.total_flops == counter.get_total_flops() > 0
+
+
 def test_user_hooks_run_inside_their_module_and_are_kept():
     """A user's forward hook that patches a module's output: the patch is an op of that module
     and the module's output is the patched tensor; the user's hooks stay, TorchLens's go."""

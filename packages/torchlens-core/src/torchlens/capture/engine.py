@@ -27,7 +27,7 @@ from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .boundaries import install as install_boundaries
 from .boundaries import leaves
 from .cow import Held, storage_key
-from .flops import flops_of
+from .flops import flops_of, flops_of_weight
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
 from .offload import homes, hooked, quiet_hooks
@@ -318,7 +318,7 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
         "train_mode_batchnorm": train_bn,
         "op_time": time_kind(set(map(itemgetter(R_DEVICE), state.records))),
     }
-    state.tensors = state.writes = state.held = None  # the recorder's working sets
+    state.tensors = state.writes = state.held = state.shapes = None  # the recorder's working sets
     modules = {address: type(module).__name__ for address, module in inv.modules if address}
     built = functools.partial(_objects, state, calls, modules, [name for name, _ in inv.params],
                               param_facts, buffer_facts, inv.aliases, homes or {})
@@ -357,6 +357,7 @@ def _objects(state, calls, module_classes, param_names, param_facts, buffer_fact
     values = state.values
     names: dict[Any, str] = {}  # str() of each dtype and device once, not once per op
     stacks: dict[int, list[str]] = {}
+    weights: dict[str, Any] | None = None  # parameter name -> shape, made on first use
     for i, rec in enumerate(records):
         (func, frame, parents, params_used, buffers_used, shape, dtype, device, out_shapes, nbytes,
          inplace, is_view, flops, time_ns, label, kind, slot) = rec
@@ -371,7 +372,11 @@ def _objects(state, calls, module_classes, param_names, param_facts, buffer_fact
         labels.append(label)
         if nbytes is None:
             nbytes = prod(shape) * dtype.itemsize
-        if flops is not None:
+        if type(flops) is str:  # the weight is this parameter
+            if weights is None:
+                weights = {n: f[0] for n, f in zip(param_names, param_facts)}
+            flops = flops_of_weight(func, weights.get(flops), shape)
+        elif flops is not None:
             flops = flops_of(func, *flops, shape)
         dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch."))
         device_name = names.get(device) or names.setdefault(device, str(device))

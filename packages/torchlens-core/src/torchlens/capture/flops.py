@@ -2,7 +2,9 @@
 
 The formulas are torch's own (per aten op); this module only maps a torch-level call's shapes onto
 them. Anything else is ``None``: unknown, never invented. During the forward only the shapes are
-taken (``shapes``); the count is made afterwards (``flops_of``).
+taken (``shapes``), or, when the call's weight is a parameter (``WEIGHT_ARG``), only that
+parameter's name: its shape is among the parameters' facts and the output's shape is recorded,
+so nothing is kept per call. The count is made afterwards (``flops_of``, ``flops_of_weight``).
 """
 
 from __future__ import annotations
@@ -101,6 +103,23 @@ FORMULAS: dict[str, Callable[[tuple, dict, Any], int | None]] = {
     "addmm": _addmm, "baddbmm": _baddbmm,
     "scaled_dot_product_attention": _sdpa,
 }
+
+
+# name -> the positional argument that is a weight, for calls whose other argument shapes follow
+# from the weight's and the output's (``flops_of_weight``)
+WEIGHT_ARG = {"linear": 1, "addmm": 2}
+
+
+def flops_of_weight(name: str, weight: torch.Size | None, out: torch.Size) -> int | None:
+    """FLOPs of a ``WEIGHT_ARG`` call from its weight's shape and its output's: the argument
+    shapes are rebuilt and given to the same formula ``flops_of`` uses."""
+    if weight is None or len(weight) != 2 or not out:
+        return None
+    if name == "linear":  # input (..., in), weight (out, in) -> output (..., out)
+        args: tuple = (torch.Size([*out[:-1], weight[1]]), weight)
+    else:  # addmm: mat1 (n, k), mat2 (k, m) -> output (n, m)
+        args = (None, torch.Size([out[0], weight[0]]), weight)
+    return flops_of(name, args, {}, out)
 
 
 def flops_of(name: str, args: tuple, kwargs: dict, out: torch.Size) -> int | None:

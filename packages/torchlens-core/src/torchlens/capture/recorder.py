@@ -17,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .cow import Held, may_write, storage_key, written_by
-from .flops import FORMULAS, shapes
+from .flops import FORMULAS, WEIGHT_ARG, shapes
 from .naming import NAMES as _names
 from .naming import func_name
 
@@ -54,8 +54,10 @@ _SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), 
 # the forward is over, in ``engine._build``. ``parents`` is the producer's index when there is
 # one (most ops: one object less for the collector), else a list. ``label`` is None until then
 # (set at the op only when ``save=`` names labels). ``out_shapes`` is None for a single output;
-# ``nbytes`` None means "numel of shape times dtype size"; ``flops`` holds the argument shapes
-# of a call with a FLOP formula (counted later), else None.
+# ``nbytes`` None means "numel of shape times dtype size"; ``flops`` holds, for a call with a
+# FLOP formula (counted later), its weight parameter's name (``WEIGHT_ARG``) or else its
+# argument shapes; None for other calls. Equal shapes are one object (``CaptureState.shapes``):
+# every object a record keeps is memory the rest of the forward runs through.
 (R_FUNC, R_FRAME, R_PARENTS, R_PARAMS, R_BUFFERS, R_SHAPE, R_DTYPE, R_DEVICE, R_OUT_SHAPES,
  R_NBYTES, R_INPLACE, R_VIEW, R_FLOPS, R_TIME, R_LABEL, R_KIND, R_SLOT) = range(17)
 
@@ -75,6 +77,7 @@ class CaptureState:
         # [address, pass, per-call name counters (made on first use), first record, start ns,
         #  module, enclosing frame (None for the root)]; see boundaries.install
         self.frames: list[list] = [["", 1, None, 0, 0, None, None]]
+        self.shapes: dict[torch.Size, torch.Size] = {}  # each output shape once
         self.sites: dict[tuple, str] = {}
         self.name_counts: dict[str, int] = {}
         self.failure: dict[str, Any] | None = None
@@ -337,12 +340,18 @@ class Recorder(TorchFunctionMode):
             out_shapes = [t.shape for t in out_tensors]
             nbytes = sum(t.element_size() * t.numel() for t in out_tensors)
         is_view = not inplace and main._is_view()
+        flops = None
+        if name in FORMULAS:
+            weight = WEIGHT_ARG.get(name)
+            if weight is not None and len(args) > weight:
+                flops = param_ids.get(id(args[weight]))
+            if flops is None:
+                flops = ([a.shape if isinstance(a, Tensor) else a for a in args],
+                         shapes(kwargs) if kwargs else kwargs)
+        shape = main.shape
         s.records.append((
-            name, frame, parents, params, buffers, main.shape, main.dtype, main.device, out_shapes,
-            nbytes, inplace, is_view,
-            ([a.shape if isinstance(a, Tensor) else a for a in args],
-             shapes(kwargs) if kwargs else kwargs) if name in FORMULAS else None,
-            elapsed, label, "op", None))
+            name, frame, parents, params, buffers, s.shapes.setdefault(shape, shape), main.dtype,
+            main.device, out_shapes, nbytes, inplace, is_view, flops, elapsed, label, "op", None))
         if s.calls is not None:
             self._keep_for_replay(index, func, args, kwargs, out, out_tensors or [main])
         ref = _ref(main)
