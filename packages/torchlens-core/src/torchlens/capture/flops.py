@@ -105,21 +105,22 @@ FORMULAS: dict[str, Callable[[tuple, dict, Any], int | None]] = {
 }
 
 
-# name -> the positional argument that is a weight, for calls whose other argument shapes follow
-# from the weight's and the output's (``flops_of_weight``)
-WEIGHT_ARG = {"linear": 1, "addmm": 2}
+# name -> (position of the weight argument, the call's argument shapes rebuilt from the weight's
+# and the output's), for calls whose FLOPs need no other shape (``flops_of_weight``)
+WEIGHT_ARG: dict[str, tuple[int, Callable[[torch.Size, torch.Size], tuple]]] = {
+    # input (..., in), weight (out, in) -> output (..., out)
+    "linear": (1, lambda w, out: (torch.Size([*out[:-1], w[1]]), w)),
+    # addmm(bias, mat1 (n, k), mat2 (k, m)) -> output (n, m)
+    "addmm": (2, lambda w, out: (None, torch.Size([out[0], w[0]]), w)),
+}
 
 
 def flops_of_weight(name: str, weight: torch.Size | None, out: torch.Size) -> int | None:
-    """FLOPs of a ``WEIGHT_ARG`` call from its weight's shape and its output's: the argument
-    shapes are rebuilt and given to the same formula ``flops_of`` uses."""
+    """FLOPs of a ``WEIGHT_ARG`` call from its weight's shape and its output's, by the same
+    formula ``flops_of`` uses."""
     if weight is None or len(weight) != 2 or not out:
         return None
-    if name == "linear":  # input (..., in), weight (out, in) -> output (..., out)
-        args: tuple = (torch.Size([*out[:-1], weight[1]]), weight)
-    else:  # addmm: mat1 (n, k), mat2 (k, m) -> output (n, m)
-        args = (None, torch.Size([out[0], weight[0]]), weight)
-    return flops_of(name, args, {}, out)
+    return flops_of(name, WEIGHT_ARG[name][1](weight, out), {}, out)
 
 
 def flops_of(name: str, args: tuple, kwargs: dict, out: torch.Size) -> int | None:

@@ -343,8 +343,8 @@ class Recorder(TorchFunctionMode):
         flops = None
         if name in FORMULAS:
             weight = WEIGHT_ARG.get(name)
-            if weight is not None and len(args) > weight:
-                flops = param_ids.get(id(args[weight]))
+            if weight is not None and len(args) > weight[0]:
+                flops = param_ids.get(id(args[weight[0]]))
             if flops is None:
                 flops = ([a.shape if isinstance(a, Tensor) else a for a in args],
                          shapes(kwargs) if kwargs else kwargs)
