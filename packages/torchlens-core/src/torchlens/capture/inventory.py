@@ -28,6 +28,22 @@ class Inventory:
         return dict(self.lazy)
 
 
+def module_paths(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``named_modules(remove_duplicate=False)``: every (address, module), a shared module under
+    each of its addresses, in torch's order, without one generator per module."""
+    out: list[tuple[str, nn.Module]] = []
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        prefix, module = stack.pop()
+        out.append((prefix, module))
+        children = module._modules
+        if children:
+            dot = prefix + "." if prefix else ""
+            stack.extend(reversed([(dot + key, child) for key, child in children.items()
+                                   if child is not None]))
+    return out
+
+
 def inventory(model: nn.Module) -> Inventory:
     """Modules (first address of each), parameters and buffers (each tensor once, under its
     first name) and the other names a tied parameter is reachable by."""

@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import Parameter
 from torch.nn.parameter import is_lazy
 
 from ..errors import StateError
 from .cow import storage_key
-from .inventory import Inventory, inventory
+from .inventory import Inventory, inventory, module_paths
 from .meta import is_meta
 from .offload import homes, hooked
 
@@ -198,16 +199,24 @@ def pending_lazy(model: nn.Module) -> dict[str, str]:
     return inventory(model).pending_lazy()
 
 
-def _slots(modules: list[tuple[str, nn.Module]], table: str,
-           skip: set[str] | dict[str, str]) -> list[tuple]:
-    """(name, owning module, attribute, tensor) of every parameter or buffer (``table``:
-    ``_parameters`` / ``_buffers``) of ``modules`` (``named_modules(remove_duplicate=False)``),
-    shared ones under each name; ``skip``: names left out."""
-    return [(f"{prefix}.{local}" if prefix else local, module, local, t)
-            for prefix, module in modules
-            for local, t in getattr(module, table).items()
-            if t is not None and not is_lazy(t)
-            and (f"{prefix}.{local}" if prefix else local) not in skip]
+def _slots(modules: list[tuple[str, nn.Module]], skip: set[str] | dict[str, str]
+           ) -> tuple[list[tuple], list[tuple]]:
+    """(name, owning module, attribute, tensor) of every parameter and of every buffer of
+    ``modules`` (``module_paths``), shared ones under each name, in one pass; ``skip``: names
+    left out."""
+    params: list[tuple] = []
+    buffers: list[tuple] = []
+    for prefix, module in modules:
+        dot = prefix + "." if prefix else ""
+        for local, t in module._parameters.items():
+            if t is not None and (type(t) is Parameter or not is_lazy(t)) and \
+                    dot + local not in skip:
+                params.append((dot + local, module, local, t))
+        if module._buffers:
+            for local, t in module._buffers.items():
+                if t is not None and not is_lazy(t) and dot + local not in skip:
+                    buffers.append((dot + local, module, local, t))
+    return params, buffers
 
 
 def _put_back(module: nn.Module, table: str, local: str, original: torch.Tensor) -> bool:
@@ -247,7 +256,8 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list,
         if module.training is not flag:  # nn.Module's setattr is slow: only what changed
             module.training = flag
     receipt["replaced"] = [name for name, module, local, t in params
-                           if _put_back(module, "_parameters", local, t)]
+                           if module._parameters.get(local) is not t and
+                           _put_back(module, "_parameters", local, t)]
     restored = []
     with torch.no_grad():
         for name, module, local, live, saved in buffers:
@@ -279,10 +289,10 @@ def _state(entries: list[tuple]) -> dict[str, tuple]:
 
 def _digest(state: dict[str, tuple]) -> str:
     """sha256 over every tensor's name, shape, dtype, device and version counter."""
-    digest = hashlib.sha256()
-    for name, (_, _, shape, dtype, device, version) in sorted(state.items()):
-        digest.update(f"{name}|{shape}|{dtype}|{device}|{version}\n".encode())
-    return digest.hexdigest()
+    return hashlib.sha256("".join([
+        f"{name}|{shape}|{dtype}|{device}|{version}\n"
+        for name, (_, _, shape, dtype, device, version) in sorted(state.items())
+    ]).encode()).hexdigest()
 
 
 @contextlib.contextmanager
@@ -301,13 +311,12 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     """
     box: dict[str, Any] = {}
     lazy_before = (inv or inventory(model)).pending_lazy()
-    modules = list(model.named_modules(remove_duplicate=False))
+    modules = module_paths(model)
     offload = hooked(m for _, m in modules)
     homes_before = homes(model, offload) if offload else {}
     skip = {**lazy_before, **homes_before}
     flags = [(name, m, m.training) for name, m in modules]
-    params = _slots(modules, "_parameters", skip)
-    buffer_slots = _slots(modules, "_buffers", skip)
+    params, buffer_slots = _slots(modules, skip)
     buffers = [(name, module, local, b, None if b.is_meta else b.detach().clone())
                for name, module, local, b in buffer_slots]  # meta ones: no bytes to copy
     state_before = _state(params + buffer_slots)
@@ -333,9 +342,8 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
         error = exc
         raise
     finally:
-        modules = list(model.named_modules(remove_duplicate=False))
-        slots_after = _slots(modules, "_parameters", homes_before) + _slots(
-            modules, "_buffers", homes_before)
+        params_after, buffers_after = _slots(module_paths(model), homes_before)
+        slots_after = params_after + buffers_after
         materialized = {name: list(t.shape) for name, _, _, t in slots_after
                         if name in lazy_before}
         restored = set(undone.get("restored_buffers", []))
