@@ -75,6 +75,39 @@ def test_a_value_nothing_else_can_reach_is_kept_without_a_copy(grad):
 
 
 @GRAD_MODES
+def test_an_op_that_returns_its_input_as_it_is_costs_no_copy(grad):
+    """Eval-mode dropout and a same-dtype ``to`` return the very tensor they got: saved under
+    each op, it is still the trace's alone (kept without a copy); one the model keeps is
+    copied."""
+    pointers = []
+
+    class AsIs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x)  # linear_1
+            d = F.dropout(h, p=0.5, training=False)  # dropout_1: h itself
+            e = d.to(torch.float32)  # to_1: h itself
+            pointers.append(h.data_ptr())
+            kept = torch.relu(e)  # relu_1
+            self.cache = F.dropout(kept, training=False)  # dropout_2: relu_1's output, kept
+            return e.sum() + kept.sum()
+
+    model = AsIs()
+    with torch.set_grad_enabled(grad):
+        trace = tl.trace(model, torch.rand(3, 4))
+    for label in ("linear_1", "dropout_1", "to_1"):
+        assert trace[label].out.data_ptr() == pointers[0], label
+    before = model.cache.detach().clone()
+    with torch.no_grad():
+        model.cache.add_(1)
+    assert torch.equal(trace["relu_1"].out, before)
+    assert torch.equal(trace["dropout_2"].out, before)
+
+
+@GRAD_MODES
 def test_values_others_can_reach_are_copied_at_the_end(grad):
     """The model's state, a view of a parameter, a view of the input and the output itself can
     all be written after the capture; the trace keeps what they were."""

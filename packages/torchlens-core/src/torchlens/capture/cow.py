@@ -1,15 +1,18 @@
 """Copy-on-write for saved activations.
 
-A saved op output is first kept by reference (a detached alias: no copy, no autograd graph).
-It is copied only when it could change: just before a call that writes into its storage, or at
-the end of the capture when something other than the trace can still reach its storage (a
-parameter, a buffer, an input, the model's output or state). Whatever else stays an alias is
-then owned by the trace alone; saved views share memory with the saved value they view.
+A saved op output is first kept by reference, no copy: the output itself, or a detached alias
+of a view or of an output with an autograd graph (a live view holds its base, and torch counts
+that as one more reference to the base). It is copied only when it could change: just before a
+call that writes into its storage, or at the end of the capture when something other than the
+trace can still reach it or its storage (a parameter, a buffer, an input, the model's output or
+state). Whatever else stays an alias is then owned by the trace alone; saved views share memory
+with the saved value they view.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 from collections import Counter
 from typing import Any
 
@@ -99,9 +102,17 @@ def _tensors(value: Any, found: list[Tensor]) -> None:
         found.extend(v for v in value if isinstance(v, Tensor))
 
 
+def _refs(values: dict[int, Any], index: int) -> int:
+    return sys.getrefcount(values[index])
+
+
+# what ``_refs`` reads for an object only the dict holds (torch counts a C++ holder as one more)
+_ONLY_HELD = _refs({0: object()}, 0)
+
+
 class Held:
-    """Saved values kept by reference: storage -> op indices, and each one's version and
-    original output (weakly)."""
+    """Saved values kept by reference: storage -> op indices, and each one's version and, for a
+    detached alias, its original output (weakly)."""
 
     def __init__(self, values: dict[int, Any]):
         self.values = values
@@ -118,7 +129,11 @@ class Held:
         """Save op ``index``'s output ``t`` by reference (``view``: it may alias a larger
         storage)."""
         key = storage_key(t)
-        self.values[index] = t.detach()
+        if view or t.requires_grad:
+            self.values[index] = t.detach()
+        else:  # the value is the output itself: its reference count says who else holds it
+            self.values[index] = t
+            ref = None
         self.entries[index] = (t._version, ref, key, view)
         if self.by_storage is not None:
             self.by_storage.setdefault(key, []).append(index)
@@ -139,14 +154,22 @@ class Held:
             self.values[index] = self.values[index].clone()
 
     def settle(self, protected: set[int]) -> list[int]:
-        """At the end of the capture: copy what others can still reach (its original output is
-        alive, or it shares a ``protected`` storage or that of a view others hold) and a view
+        """At the end of the capture: copy what others can still reach (they hold the output,
+        or it shares a ``protected`` storage or that of a view others hold) and a view
         that alone holds a larger storage (the copy keeps only its own elements); drop and
         return what a call TorchLens could not see has written since (its value is lost)."""
         lost = []
         values = self.values
         entries = list(self.entries.items())
-        reached = [ref() is not None for _, (_, ref, _, _) in entries]
+        reached = [ref() is not None if ref is not None else _refs(values, index) > _ONLY_HELD
+                   for index, (_, ref, _, _) in entries]
+        if any(alive and entry[1] is None for (_, entry), alive in zip(entries, reached)):
+            # an op that returns an earlier output as it is (``to``, eval ``dropout``) holds
+            # that object under a second index: each index holding it counts once
+            times = Counter(id(values[index]) for index, entry in entries if entry[1] is None)
+            reached = [alive and (entry[1] is not None or _refs(values, index) >
+                                  _ONLY_HELD + times[id(values[index])] - 1)
+                       for (index, entry), alive in zip(entries, reached)]
         # a view someone else holds can write its whole storage, the base's elements included
         held_views = {entry[2] for (_, entry), alive in zip(entries, reached)
                       if alive and entry[3]}
