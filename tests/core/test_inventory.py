@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from tests.models.zoo import PURE_CASES
-from torchlens.capture.inventory import inventory
+from torchlens.capture.inventory import inventory, module_paths
 
 
 class Shared(nn.Module):
@@ -39,6 +39,10 @@ def test_inventory_matches_torch(name, model):
         if first.setdefault(id(p), n) != n:
             aliases.setdefault(first[id(p)], []).append(n)
     assert inv.aliases == aliases
+    assert inv.param_ids == {id(p): n for n, p in model.named_parameters()}
+    assert inv.buffer_ids == {id(b): n for n, b in model.named_buffers()}
+    assert [(n, id(m)) for n, m in module_paths(model)] == [
+        (n, id(m)) for n, m in model.named_modules(remove_duplicate=False)]
 
 
 def test_shared_module_aliases():

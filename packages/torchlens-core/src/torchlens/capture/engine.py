@@ -30,7 +30,7 @@ from .cow import Held, storage_key
 from .flops import flops_of, flops_of_weight
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
-from .offload import homes, hooked, quiet_hooks
+from .offload import homes, quiet_hooks
 from .policy import note_writes
 from .recorder import R_DEVICE, R_LABEL, R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
@@ -84,9 +84,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
 
 def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> Trace:
     save_all, save_labels, save_modules = parse_save(save, model, inv)
-    param_ids = {id(p): name for name, p in inv.params}
-    buffer_ids = {id(b): name for name, b in inv.buffers} if inv.buffers else {}
-    state = CaptureState(param_ids, buffer_ids, save_all, save_labels)
+    # the inventory's id tables (each capture takes its own inventory, so they are its to grow)
+    state = CaptureState(inv.param_ids, inv.buffer_ids, save_all, save_labels)
     state.keep_outputs = not saves_nothing(save)
     state.model = model
     if replay:
@@ -96,7 +95,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     calls: list[list] = []  # finished module calls (their frames)
     _add_inputs(state, args, kwargs)
     structure = None
-    offloaded = hooked(m for _, m in inv.modules)
+    offloaded = inv.hooked
     no_values = inv.has_meta and is_meta(model)
     handles = install_boundaries(inv.modules, state, calls, save_modules)  # removed below
     _active.depth = getattr(_active, "depth", 0) + 1
@@ -207,7 +206,7 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[s
     try:
         # module addresses alone need no per-op mode: their frames see the outputs
         counting = LightRecorder(state) if save_labels else contextlib.nullcontext()
-        with quiet_hooks(model, hooked(m for _, m in modules), state), counting:
+        with quiet_hooks(model, inv.hooked, state), counting:
             model(*args, **kwargs)
     finally:
         _active.depth -= 1

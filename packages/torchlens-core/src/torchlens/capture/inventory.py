@@ -22,6 +22,9 @@ class Inventory:
     aliases: dict[str, list[str]] = field(default_factory=dict)  # first name -> other names
     lazy: dict[str, str] = field(default_factory=dict)  # pending lazy name -> parameter/buffer
     has_meta: bool = False  # some parameter or buffer is on the meta device
+    param_ids: dict[int, str] = field(default_factory=dict)  # id -> first name
+    buffer_ids: dict[int, str] = field(default_factory=dict)  # id -> first name
+    hooked: list[nn.Module] = field(default_factory=list)  # modules with an accelerate hook
 
     def pending_lazy(self) -> dict[str, str]:
         """Names of un-materialized lazy parameters and buffers (name -> 'parameter'/'buffer')."""
@@ -46,12 +49,13 @@ def module_paths(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def inventory(model: nn.Module) -> Inventory:
     """Modules (first address of each), parameters and buffers (each tensor once, under its
-    first name) and the other names a tied parameter is reachable by."""
+    first name), the other names a tied parameter is reachable by, and the modules that carry an
+    accelerate hook (an instance attribute: read from the instance dict, not through
+    ``nn.Module.__getattr__``'s slow miss)."""
     inv = Inventory()
     modules, params, buffers, lazy = inv.modules, inv.params, inv.buffers, inv.lazy
     seen_modules: set[int] = set()
-    first_param: dict[int, str] = {}
-    seen_buffers: set[int] = set()
+    first_param, seen_buffers = inv.param_ids, inv.buffer_ids
     has_meta = False
     stack: list[tuple[str, nn.Module]] = [("", model)]
     while stack:
@@ -59,6 +63,8 @@ def inventory(model: nn.Module) -> Inventory:
         if id(module) not in seen_modules:
             seen_modules.add(id(module))
             modules.append((prefix, module))
+            if vars(module).get("_hf_hook") is not None:
+                inv.hooked.append(module)
         dot = prefix + "." if prefix else ""
         for key, p in module._parameters.items():
             if p is None:
@@ -76,7 +82,7 @@ def inventory(model: nn.Module) -> Inventory:
         if module._buffers:
             for key, b in module._buffers.items():
                 if b is not None and id(b) not in seen_buffers:
-                    seen_buffers.add(id(b))
+                    seen_buffers[id(b)] = dot + key
                     buffers.append((dot + key, b))
                     if is_lazy(b):
                         lazy[dot + key] = "buffer"

@@ -7,16 +7,10 @@ it; tensors the hooks move to another device keep their edges. accelerate is nev
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch import Tensor, nn
-
-
-def hooked(modules: Iterable[nn.Module]) -> list[nn.Module]:
-    """Those of ``modules`` that carry an accelerate hook (an instance attribute: read from the
-    instance dict, not through ``nn.Module.__getattr__``'s slow miss)."""
-    return [m for m in modules if vars(m).get("_hf_hook") is not None]
 
 
 def _alias(state: Any, before: Any, after: Any) -> None:

@@ -33,7 +33,7 @@ from ..errors import StateError
 from .cow import storage_key
 from .inventory import Inventory, inventory, module_paths
 from .meta import is_meta
-from .offload import homes, hooked
+from .offload import homes
 
 
 @dataclass
@@ -310,9 +310,10 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     inventory, when the caller just took it.
     """
     box: dict[str, Any] = {}
-    lazy_before = (inv or inventory(model)).pending_lazy()
+    inv = inv or inventory(model)
+    lazy_before = inv.pending_lazy()
     modules = module_paths(model)
-    offload = hooked(m for _, m in modules)
+    offload = inv.hooked
     homes_before = homes(model, offload) if offload else {}
     skip = {**lazy_before, **homes_before}
     flags = [(name, m, m.training) for name, m in modules]
