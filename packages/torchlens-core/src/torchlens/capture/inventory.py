@@ -57,9 +57,7 @@ def inventory(model: nn.Module) -> Inventory:
     seen_modules: set[int] = set()
     first_param, seen_buffers = inv.param_ids, inv.buffer_ids
     has_meta = False
-    stack: list[tuple[str, nn.Module]] = [("", model)]
-    while stack:
-        prefix, module = stack.pop()
+    for prefix, module in module_paths(model):
         if id(module) not in seen_modules:
             seen_modules.add(id(module))
             modules.append((prefix, module))
@@ -88,9 +86,5 @@ def inventory(model: nn.Module) -> Inventory:
                         lazy[dot + key] = "buffer"
                     elif b.is_meta:
                         has_meta = True
-        children = module._modules
-        if children:
-            stack.extend(reversed([(dot + key, child) for key, child in children.items()
-                                   if child is not None]))
     inv.has_meta = has_meta
     return inv

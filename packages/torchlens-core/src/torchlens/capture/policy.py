@@ -256,8 +256,7 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list,
         if module.training is not flag:  # nn.Module's setattr is slow: only what changed
             module.training = flag
     receipt["replaced"] = [name for name, module, local, t in params
-                           if module._parameters.get(local) is not t and
-                           _put_back(module, "_parameters", local, t)]
+                           if _put_back(module, "_parameters", local, t)]
     restored = []
     with torch.no_grad():
         for name, module, local, live, saved in buffers:
