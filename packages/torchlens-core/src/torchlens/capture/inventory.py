@@ -17,6 +17,7 @@ from torch.nn.parameter import is_lazy
 @dataclass
 class Inventory:
     modules: list[tuple[str, nn.Module]] = field(default_factory=list)  # named_modules()
+    paths: list[tuple[str, nn.Module]] = field(default_factory=list)  # module_paths()
     params: list[tuple[str, Tensor]] = field(default_factory=list)  # named_parameters()
     buffers: list[tuple[str, Tensor]] = field(default_factory=list)  # named_buffers()
     aliases: dict[str, list[str]] = field(default_factory=dict)  # first name -> other names
@@ -57,7 +58,8 @@ def inventory(model: nn.Module) -> Inventory:
     seen_modules: set[int] = set()
     first_param, seen_buffers = inv.param_ids, inv.buffer_ids
     has_meta = False
-    for prefix, module in module_paths(model):
+    inv.paths = module_paths(model)
+    for prefix, module in inv.paths:
         if id(module) not in seen_modules:
             seen_modules.add(id(module))
             modules.append((prefix, module))
