@@ -82,6 +82,35 @@ def test_buffer_copy_is_restored_and_named():
     assert "buffers written by the forward ['sub.stat']" in str(s).splitlines()[-1]
 
 
+class Buffers(nn.Module):
+    """Buffers of three dtypes, an empty one and a NaN one; the forward writes two of them: one
+    element of a matrix, and a zero's sign (equal values, other bits)."""
+
+    def __init__(self):
+        super().__init__()
+        for name, value in [("a", torch.arange(3.0)), ("zero", torch.tensor(0.0)),
+                            ("count", torch.tensor(5)), ("empty", torch.zeros(0)),
+                            ("nan", torch.full((2,), float("nan"))),
+                            ("m", torch.ones(2, 2, dtype=torch.float64))]:
+            self.register_buffer(name, value)
+
+    def forward(self, x):
+        self.zero.copy_(torch.tensor(-0.0))
+        self.m[1, 0] = 7.0
+        return x * self.a.sum()
+
+
+def test_written_buffers_among_many_are_restored_bit_for_bit():
+    model = Buffers()
+    before = {name: b.clone() for name, b in model.named_buffers()}
+    s = tl.summary(model, torch.rand(3))
+    assert s.receipt.restored_buffers == ["zero", "m"] and s.receipt.verified
+    for name, b in model.named_buffers():
+        assert b.dtype == before[name].dtype and b.shape == before[name].shape
+        assert torch.equal(b.reshape(-1).view(torch.uint8),
+                           before[name].reshape(-1).view(torch.uint8)), name
+
+
 def test_replaced_parameter_fails_naming_it_and_original_is_back():
     model = Net("replace")
     original, h0 = model.w, state_hash(model)

@@ -246,10 +246,40 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b))
 
 
-def _restore(model: nn.Module, flags: list, params: list, buffers: list,
+def _copy_buffers(buffers: list[tuple]) -> list[tuple[list[tuple], list, torch.Tensor, bool]]:
+    """The buffers' values before the body, as (slots, shapes, copy, flat): one flat copy per
+    dtype and device (one ``cat``, not a clone per buffer), or a clone of a buffer ``cat``
+    cannot flatten (not strided, quantized). Meta buffers have no bytes to copy."""
+    groups: dict[tuple, list[tuple]] = {}
+    copies: list[tuple[list[tuple], list, torch.Tensor, bool]] = []
+    with torch.no_grad():
+        for slot in buffers:
+            b = slot[3]
+            if b.is_meta:
+                continue
+            if b.layout is torch.strided and not b.is_quantized:
+                groups.setdefault((b.dtype, b.device), []).append(slot)
+            else:
+                copies.append(([slot], [b.shape], b.detach().clone(), False))
+        for slots in groups.values():
+            copies.append((slots, [slot[3].shape for slot in slots],
+                           torch.cat([slot[3].reshape(-1) for slot in slots]), True))
+    return copies
+
+
+def _unchanged(slots: list[tuple], shapes: list, flat: torch.Tensor) -> bool:
+    """Whether a group's buffers still have their shapes and exactly their copy's bytes (one
+    comparison for the group)."""
+    if any(slot[3].shape != shape for slot, shape in zip(slots, shapes)):
+        return False
+    now = torch.cat([slot[3].reshape(-1) for slot in slots])
+    return torch.equal(now.view(torch.uint8), flat.view(torch.uint8))
+
+
+def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies: list,
              receipt: dict[str, list[str]]) -> None:
-    """Put back training flags, swapped-out parameter and buffer objects and written buffers,
-    naming in ``receipt`` what the body had changed."""
+    """Put back training flags, swapped-out parameter and buffer objects and written buffers
+    (their values before: ``copies``), naming in ``receipt`` what the body had changed."""
     receipt["restored_flags"] = [name or type(model).__name__ for name, module, flag in flags
                                  if module.training]
     for _, module, flag in flags:
@@ -257,17 +287,19 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list,
             module.training = flag
     receipt["replaced"] = [name for name, module, local, t in params
                            if _put_back(module, "_parameters", local, t)]
-    restored = []
+    restored = {name for name, module, local, t in buffers
+                if _put_back(module, "_buffers", local, t)}
     with torch.no_grad():
-        for name, module, local, live, saved in buffers:
-            swapped = _put_back(module, "_buffers", local, live)
-            written = saved is not None and live.shape == saved.shape and \
-                not _same_bits(live, saved)
-            if written:
-                live.copy_(saved)
-            if swapped or written:
-                restored.append(name)
-    receipt["restored_buffers"] = restored
+        for slots, shapes, saved, flat in copies:
+            if flat and _unchanged(slots, shapes, saved):
+                continue
+            pieces = saved.split([shape.numel() for shape in shapes]) if flat else [saved]
+            for (name, _, _, live), shape, piece in zip(slots, shapes, pieces):
+                piece = piece.view(shape) if flat else piece
+                if live.shape == shape and not _same_bits(live, piece):
+                    live.copy_(piece)
+                    restored.add(name)
+    receipt["restored_buffers"] = [slot[0] for slot in buffers if slot[0] in restored]
 
 
 _watching = threading.local()  # per thread: the write sets of the open pinned blocks
@@ -317,8 +349,7 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     skip = {**lazy_before, **homes_before}
     flags = [(name, m, m.training) for name, m in modules]
     params, buffer_slots = _slots(modules, skip)
-    buffers = [(name, module, local, b, None if b.is_meta else b.detach().clone())
-               for name, module, local, b in buffer_slots]  # meta ones: no bytes to copy
+    copies = _copy_buffers(buffer_slots)
     state_before = _state(params + buffer_slots)
     storages = {key: name for name, (_, key, *_) in state_before.items()
                 if key > 0}  # meta and empty tensors have no storage of their own
@@ -337,7 +368,7 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
                 yield box
             finally:
                 watching.remove(seen)
-                _restore(model, flags, params, buffers, undone)
+                _restore(model, flags, params, buffer_slots, copies, undone)
     except BaseException as exc:
         error = exc
         raise

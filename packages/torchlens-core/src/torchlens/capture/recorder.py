@@ -291,12 +291,13 @@ class Recorder(TorchFunctionMode):
         name = _names.get(func) or func_name(func)
         tensors, param_ids, buffer_ids = s.tensors, s.param_ids, s.buffer_ids
         inputs = _inputs(args, kwargs) if kwargs else args
-        while True:  # runs once, twice when a positional argument is a sequence of tensors
+        while True:  # runs once, twice when a positional argument is a sequence holding tensors
             parents: list[int] = []
             params = buffers = _NONE
             for t in inputs:
                 if type(t) is not Tensor and not isinstance(t, Tensor):
-                    if inputs is args and isinstance(t, (tuple, list)):
+                    if inputs is args and isinstance(t, (tuple, list)) and \
+                            not _SCALARS.issuperset(map(type, t)):
                         inputs = _inputs(args, kwargs)
                         break
                     continue
