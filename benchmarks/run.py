@@ -782,7 +782,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="TorchLens capture overhead benchmark (CPU).")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 3 runs, 1 warm-up, no peers; writes results/quick.*")
-    p.add_argument("--runs", type=int, help="timed runs per method (default 25; --quick 3)")
+    p.add_argument("--runs", type=int, help="timed runs per method (default 40; --quick 3)")
     p.add_argument("--warmup", type=int, help="untimed runs per method first (default 2)")
     p.add_argument("--peer-runs", type=int, default=9, help="runs for torchlens 2.36.1")
     p.add_argument("--peer-warmup", type=int, default=1)
@@ -806,7 +806,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", help="write all figures here (default results/latest.json; "
                                   "a .md table is written beside it)")
     args = p.parse_args(argv)
-    args.runs = args.runs or (3 if args.quick else 25)
+    args.runs = args.runs or (3 if args.quick else 40)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     args.models = [m for m in args.models.split(",") if m]
     return args
