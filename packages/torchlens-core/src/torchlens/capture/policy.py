@@ -246,6 +246,11 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b))
 
 
+# buffers compared in one call at most this many bytes at a time (the call copies them once more);
+# larger groups are compared buffer by buffer, in place
+_ONE_COMPARE_BYTES = 1 << 24
+
+
 def _copy_buffers(buffers: list[tuple]) -> list[tuple[list[tuple], list, torch.Tensor, bool]]:
     """The buffers' values before the body, as (slots, shapes, copy, flat): one flat copy per
     dtype and device (one ``cat``, not a clone per buffer), or a clone of a buffer ``cat``
@@ -291,7 +296,7 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies:
                 if _put_back(module, "_buffers", local, t)}
     with torch.no_grad():
         for slots, shapes, saved, flat in copies:
-            if flat and _unchanged(slots, shapes, saved):
+            if flat and saved.nbytes <= _ONE_COMPARE_BYTES and _unchanged(slots, shapes, saved):
                 continue
             pieces = saved.split([shape.numel() for shape in shapes]) if flat else [saved]
             for (name, _, _, live), shape, piece in zip(slots, shapes, pieces):
