@@ -273,9 +273,10 @@ def _copy_buffers(buffers: list[tuple]) -> list[tuple[list[tuple], list, torch.T
 
 
 def _unchanged(slots: list[tuple], shapes: list, flat: torch.Tensor) -> bool:
-    """Whether a group's buffers still have their shapes and exactly their copy's bytes (one
-    comparison for the group)."""
-    if any(slot[3].shape != shape for slot, shape in zip(slots, shapes)):
+    """Whether a group's buffers still have their shapes, dtype, device and exactly their
+    copy's bytes (one comparison for the group)."""
+    if any(t.shape != shape or t.dtype != flat.dtype or t.device != flat.device
+           for (_, _, _, t), shape in zip(slots, shapes)):
         return False
     now = torch.cat([slot[3].reshape(-1) for slot in slots])
     return torch.equal(now.view(torch.uint8), flat.view(torch.uint8))
