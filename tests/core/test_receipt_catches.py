@@ -83,22 +83,28 @@ def test_buffer_copy_is_restored_and_named():
 
 
 class Buffers(nn.Module):
-    """Buffers of three dtypes, an empty one and a NaN one; the forward writes two of them: one
-    element of a matrix, and a zero's sign (equal values, other bits)."""
+    """Buffers of three dtypes, an empty one and a NaN one; ``change`` is what the forward does
+    to them: "write" changes one element of a matrix and a zero's sign (equal values, other
+    bits), "equal" writes equal values in place, "dtype" gives one new data of another dtype."""
 
-    def __init__(self):
+    def __init__(self, change: str = "write"):
         super().__init__()
         for name, value in [("a", torch.arange(3.0)), ("zero", torch.tensor(0.0)),
                             ("count", torch.tensor(5)), ("empty", torch.zeros(0)),
                             ("nan", torch.full((2,), float("nan"))),
                             ("m", torch.ones(2, 2, dtype=torch.float64))]:
             self.register_buffer(name, value)
-        self.write = True
+        self.change = change
 
     def forward(self, x):
-        if self.write:
+        if self.change == "write":
             self.zero.copy_(torch.tensor(-0.0))
             self.m[1, 0] = 7.0
+        elif self.change == "equal":
+            self.count.add_(0)
+            self.a.mul_(1.0)
+        elif self.change == "dtype":
+            self.a.data = self.a.data.double()
         return x * self.a.sum()
 
 
@@ -106,10 +112,8 @@ class Buffers(nn.Module):
 def test_written_buffers_among_many_are_restored_bit_for_bit(one_call, monkeypatch):
     if one_call == "each buffer":  # a group too big to compare in one call
         monkeypatch.setattr(policy, "_ONE_COMPARE_BYTES", 0)
-    model = Buffers()
-    model.write = False
-    assert tl.summary(model, torch.rand(3)).receipt.restored_buffers == []
-    model.write = True
+    assert tl.summary(Buffers("none"), torch.rand(3)).receipt.restored_buffers == []
+    model = Buffers("write")
     before = {name: b.clone() for name, b in model.named_buffers()}
     s = tl.summary(model, torch.rand(3))
     assert s.receipt.restored_buffers == ["zero", "m"] and s.receipt.verified
@@ -117,6 +121,24 @@ def test_written_buffers_among_many_are_restored_bit_for_bit(one_call, monkeypat
         assert b.dtype == before[name].dtype and b.shape == before[name].shape
         assert torch.equal(b.reshape(-1).view(torch.uint8),
                            before[name].reshape(-1).view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("one_call", ["one call", "each buffer"])
+def test_an_in_place_write_of_equal_values_to_a_buffer_changes_nothing(one_call, monkeypatch):
+    if one_call == "each buffer":
+        monkeypatch.setattr(policy, "_ONE_COMPARE_BYTES", 0)
+    model = Buffers("equal")
+    versions = {name: b._version for name, b in model.named_buffers()}
+    r = tl.summary(model, torch.rand(3)).receipt
+    assert model.count._version > versions["count"] and model.a._version > versions["a"]
+    assert r.verified and r.hash_before == r.hash_after
+    assert not (r.restored_buffers or r.changed)
+
+
+def test_a_buffer_given_data_of_another_dtype_fails_naming_it():
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.summary(Buffers("dtype"), torch.rand(3))
+    assert err.value.code == "state_restore_failed" and "['a']" in str(err.value)
 
 
 def test_replaced_parameter_fails_naming_it_and_original_is_back():

@@ -295,17 +295,23 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies:
                            if _put_back(module, "_parameters", local, t)]
     restored = {name for name, module, local, t in buffers
                 if _put_back(module, "_buffers", local, t)}
+    same: set[str] = set()  # buffers that now hold exactly their bytes from before
     with torch.no_grad():
         for slots, shapes, saved, flat in copies:
             if flat and saved.nbytes <= _ONE_COMPARE_BYTES and _unchanged(slots, shapes, saved):
+                same.update(slot[0] for slot in slots)
                 continue
             pieces = saved.split([shape.numel() for shape in shapes]) if flat else [saved]
             for (name, _, _, live), shape, piece in zip(slots, shapes, pieces):
                 piece = piece.view(shape) if flat else piece
-                if live.shape == shape and not _same_bits(live, piece):
+                if live.shape != shape:
+                    continue
+                if not _same_bits(live, piece):
                     live.copy_(piece)
                     restored.add(name)
+                same.add(name)
     receipt["restored_buffers"] = [slot[0] for slot in buffers if slot[0] in restored]
+    receipt["same_bytes"] = sorted(same)
 
 
 _watching = threading.local()  # per thread: the write sets of the open pinned blocks
@@ -383,11 +389,15 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
         slots_after = params_after + buffers_after
         materialized = {name: list(t.shape) for name, _, _, t in slots_after
                         if name in lazy_before}
-        restored = set(undone.get("restored_buffers", []))
         state_after = _state([slot for slot in slots_after if slot[0] not in materialized])
-        for name in restored & state_after.keys() & state_before.keys():
-            state_after[name] = state_before[name]  # its bytes were compared and put back
-        written = {storages[key] for key in seen if key in storages} - restored
+        # a buffer holding its bytes from before is unchanged whatever its version counter says
+        # (an in-place write of equal values, or the restore's own copy), if it is still the same
+        # tensor of the same shape, dtype and device
+        same = set(undone.get("same_bytes", []))
+        for name in same & state_after.keys() & state_before.keys():
+            if state_after[name][:5] == state_before[name][:5]:
+                state_after[name] = state_before[name]
+        written = {storages[key] for key in seen if key in storages} - same
         changed = sorted(written | {
             name for name in {*state_before, *state_after} - set(materialized)
             if state_before.get(name) != state_after.get(name)})
