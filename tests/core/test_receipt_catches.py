@@ -141,6 +141,36 @@ def test_a_buffer_given_data_of_another_dtype_fails_naming_it():
     assert err.value.code == "state_restore_failed" and "['a']" in str(err.value)
 
 
+class Unusual(nn.Module):
+    """A sparse and a quantized buffer (neither can be flattened into the others' copy); the
+    forward may overwrite the sparse one."""
+
+    def __init__(self, write: bool):
+        super().__init__()
+        self.register_buffer("sparse", torch.eye(3).to_sparse())
+        self.register_buffer("quantized",
+                             torch.quantize_per_tensor(torch.arange(4.0), 0.5, 0, torch.quint8))
+        self.lin = nn.Linear(3, 3)
+        self.write = write
+
+    def forward(self, x):
+        if self.write:
+            self.sparse.copy_(torch.zeros(3, 3).to_sparse())
+        return self.lin(x)
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")  # deprecated dtypes
+@pytest.mark.parametrize("write", [False, True])
+def test_sparse_and_quantized_buffers_are_checked_and_restored(write):
+    model = Unusual(write)
+    quantized = model.quantized.int_repr().clone()
+    r = tl.summary(model, torch.rand(2, 3)).receipt
+    assert r.verified and r.restored_buffers == (["sparse"] if write else [])
+    assert torch.equal(model.sparse.to_dense(), torch.eye(3))
+    assert torch.equal(model.quantized.int_repr(), quantized)
+    assert set(state_fingerprints(model)) == {"lin.weight", "lin.bias", "sparse", "quantized"}
+
+
 def test_replaced_parameter_fails_naming_it_and_original_is_back():
     model = Net("replace")
     original, h0 = model.w, state_hash(model)

@@ -232,8 +232,11 @@ def _put_back(module: nn.Module, table: str, local: str, original: torch.Tensor)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s bytes as a flat uint8 tensor on its device (a copy only if not contiguous)."""
+    """``t``'s bytes as a flat uint8 tensor on its device (a copy only if not contiguous; a
+    sparse tensor's are those of its dense values)."""
     data = t.detach()
+    if data.layout is not torch.strided:
+        data = data.to_dense()
     if data.is_quantized:
         data = data.int_repr()
     elif data.is_complex():
