@@ -270,9 +270,13 @@ def _copy_buffers(buffers: list[tuple]) -> list[tuple[list[tuple], list, torch.T
             else:
                 copies.append(([slot], [b.shape], b.detach().clone(), False))
         for slots in groups.values():
-            copies.append((slots, [slot[3].shape for slot in slots],
-                           torch.cat([slot[3].reshape(-1) for slot in slots]), True))
+            copies.append((slots, [slot[3].shape for slot in slots], _flat(slots), True))
     return copies
+
+
+def _flat(slots: list[tuple]) -> torch.Tensor:
+    """The values of buffers of one dtype and device, one after another in one tensor."""
+    return torch.cat([slot[3].reshape(-1) for slot in slots])
 
 
 def _unchanged(slots: list[tuple], shapes: list, flat: torch.Tensor) -> bool:
@@ -281,8 +285,7 @@ def _unchanged(slots: list[tuple], shapes: list, flat: torch.Tensor) -> bool:
     if any(t.shape != shape or t.dtype != flat.dtype or t.device != flat.device
            for (_, _, _, t), shape in zip(slots, shapes)):
         return False
-    now = torch.cat([slot[3].reshape(-1) for slot in slots])
-    return torch.equal(now.view(torch.uint8), flat.view(torch.uint8))
+    return torch.equal(_flat(slots).view(torch.uint8), flat.view(torch.uint8))
 
 
 def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies: list,
@@ -314,7 +317,7 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies:
                     restored.add(name)
                 same.add(name)
     receipt["restored_buffers"] = [slot[0] for slot in buffers if slot[0] in restored]
-    receipt["same_bytes"] = sorted(same)
+    receipt["same_bytes"] = list(same)
 
 
 _watching = threading.local()  # per thread: the write sets of the open pinned blocks
