@@ -72,7 +72,7 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
     """
     handles: list = []
     counts: dict[str, int] = {}
-    frames = state.frames
+    frames, records, tensors = state.frames, state.records, state.tensors
     addresses: dict[int, str] = {}  # submodules the process-wide hooks serve
     clock = time.perf_counter_ns
     owner = get_ident()
@@ -80,7 +80,7 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
     def opened(mod, address):
         n = counts.get(address, 0) + 1
         counts[address] = n
-        frames.append([address, n, None, len(state.records), clock(), mod, frames[-1]])
+        frames.append([address, n, None, len(records), clock(), mod, frames[-1]])
 
     def closed(mod, output, address):
         # runs between two ops of the user's forward, like the recorder: kept short
@@ -90,29 +90,39 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
             frame = _pop_frame(frames, address)
             if frame is None:
                 return
+        if type(output) is torch.Tensor and not state.writes and not save_modules and \
+                state.light is None:  # the common case, inline
+            e = tensors.get(id(output))
+            outs = [(e[0], e[3])] if e is not None and e[1]() is output else []
+        else:
+            outs = outputs_of(frame, output, address)
+            if outs is None:  # a light capture's frame: nothing to keep
+                return
+        frame[4] = clock() - frame[4]
+        frame += (len(records), outs)
+        calls.append(frame)
+
+    def outputs_of(frame, output, address):
+        """(record index, which tensor of its output) of each output tensor a recorded op made;
+        None for a light capture, which keeps a selected module's output here instead."""
         found = [output] if type(output) is torch.Tensor else leaves(output, [])
         if state.light is not None:
             if address in save_modules and found:
                 key = address if frame[1] == 1 else f"{address}:{frame[1]}"
                 state.light[key] = state.keep(key, found[0] if len(found) == 1 else found)
-            return
-        tensors = state.tensors
-        # (record index, which tensor of its output) of each output tensor a recorded op made
+            return None
         if not state.writes and not save_modules:  # nothing written in place: no version check
-            outs = [(e[0], e[3]) for t in found
+            return [(e[0], e[3]) for t in found
                     if (e := tensors.get(id(t))) is not None and e[1]() is t]
-        else:
-            with DisableTorchFunction():  # tensor attributes here would go through the recorder
-                outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
-                        for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
-                if save_modules and address in save_modules:
-                    for t in found:
-                        index = state.producer(t)
-                        if index is not None and index not in state.values:
-                            state.values[index] = snapshot(t)
-        frame[4] = clock() - frame[4]
-        frame += (len(state.records), outs)
-        calls.append(frame)
+        with DisableTorchFunction():  # tensor attributes here would go through the recorder
+            outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
+                    for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
+            if save_modules and address in save_modules:
+                for t in found:
+                    index = state.producer(t)
+                    if index is not None and index not in state.values:
+                        state.values[index] = snapshot(t)
+        return outs
 
     def served(mod, address):
         """The address a hook call is for (a module's own hooks pass it), or None: another
@@ -147,7 +157,9 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         def forward(*args, **kwargs):
             if get_ident() != owner:  # not this capture's call
                 return inner(*args, **kwargs)
-            opened(mod, address)
+            n = counts.get(address, 0) + 1  # opened(), inline: it runs once per module call
+            counts[address] = n
+            frames.append([address, n, None, len(records), clock(), mod, frames[-1]])
             output = inner(*args, **kwargs)
             closed(mod, output, address)
             return output

@@ -60,18 +60,22 @@ def inventory(model: nn.Module) -> Inventory:
     has_meta = False
     inv.paths = module_paths(model)
     for prefix, module in inv.paths:
-        if id(module) not in seen_modules:
-            seen_modules.add(id(module))
+        attrs, identity = module.__dict__, id(module)
+        if identity not in seen_modules:
+            seen_modules.add(identity)
             modules.append((prefix, module))
-            if vars(module).get("_hf_hook") is not None:
+            if attrs.get("_hf_hook") is not None:
                 inv.hooked.append(module)
+        own, bufs = attrs["_parameters"], attrs["_buffers"]
+        if not own and not bufs:
+            continue
         dot = prefix + "." if prefix else ""
-        for key, p in module._parameters.items():
+        for key, p in own.items():
             if p is None:
                 continue
             name = dot + key
             first = first_param.setdefault(id(p), name)
-            if first == name:
+            if first is name:  # (a tied parameter's earlier name is another object)
                 params.append((name, p))
                 if type(p) is not Parameter and is_lazy(p):
                     lazy[name] = "parameter"
@@ -79,8 +83,8 @@ def inventory(model: nn.Module) -> Inventory:
                     has_meta = True
             else:
                 inv.aliases.setdefault(first, []).append(name)
-        if module._buffers:
-            for key, b in module._buffers.items():
+        if bufs:
+            for key, b in bufs.items():
                 if b is not None and id(b) not in seen_buffers:
                     seen_buffers[id(b)] = dot + key
                     buffers.append((dot + key, b))
