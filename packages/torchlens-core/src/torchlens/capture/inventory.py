@@ -75,7 +75,7 @@ def inventory(model: nn.Module) -> Inventory:
                 continue
             name = dot + key
             first = first_param.setdefault(id(p), name)
-            if first is name:  # (a tied parameter's earlier name is another object)
+            if first == name:
                 params.append((name, p))
                 if type(p) is not Parameter and is_lazy(p):
                     lazy[name] = "parameter"
