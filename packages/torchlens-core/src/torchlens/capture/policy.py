@@ -337,11 +337,16 @@ def _state(entries: list[tuple]) -> dict[str, tuple]:
 
 
 def _digest(state: dict[str, tuple]) -> str:
-    """sha256 over every tensor's name, shape, dtype, device and version counter."""
-    return hashlib.sha256("".join([
-        f"{name}|{shape}|{dtype}|{device}|{version}\n"
-        for name, (_, _, shape, dtype, device, version) in sorted(state.items())
-    ]).encode()).hexdigest()
+    """sha256 over every tensor's name, shape, dtype, device and version counter (the text of
+    each distinct shape, dtype and device made once: most tensors of a model share them)."""
+    facts: dict[tuple, str] = {}
+    lines = []
+    for name, (_, _, shape, dtype, device, version) in sorted(state.items()):
+        text = facts.get(key := (shape, dtype, device))
+        if text is None:
+            text = facts[key] = f"|{shape}|{dtype}|{device}|"
+        lines.append(f"{name}{text}{version}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 @contextlib.contextmanager
