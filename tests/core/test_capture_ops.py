@@ -389,6 +389,57 @@ def test_process_wide_user_hooks_keep_their_place_around_module_calls():
     assert trace["relu_1"].parents == ["mul_1"]
 
 
+class FallsBack(nn.Module):
+    """A forward that tries a submodule, catches its error and goes on without it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fast = Raises()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        try:
+            x = self.fast(x)
+        except RuntimeError:
+            pass
+        return self.fc(x + 1).relu()
+
+
+class Raises(nn.Module):
+    def forward(self, x):
+        x * 2
+        raise RuntimeError("no fast path here")
+
+
+@pytest.mark.parametrize("hooks", ["none", "the module's own", "process-wide"])
+def test_a_caught_error_in_a_submodule_ends_its_call(hooks):
+    """A submodule call that raises, caught by its caller, is a call of its own ops with no
+    output; the ops after it belong to the modules that run them, however frames are opened
+    (the wrapped forward, a module with hooks of its own, process-wide user hooks)."""
+    from torch.nn.modules import module as torch_module
+
+    model = FallsBack()
+    handle = None
+    if hooks == "the module's own":
+        handle = model.fast.register_forward_hook(lambda m, args, out: None)
+    elif hooks == "process-wide":
+        handle = torch_module.register_module_forward_hook(lambda m, args, out: None)
+    try:
+        trace = tl.trace(model, torch.rand(2, 4), save=None)
+    finally:
+        if handle is not None:
+            handle.remove()
+    assert [(op.label, op.module, op.module_stack) for op in trace.ops if op.kind == "op"] == [
+        ("mul_1", "fast", ["fast:1"]), ("add_1", "", []), ("linear_1", "fc", ["fc:1"]),
+        ("relu_1", "", [])]
+    call = trace["fast"].calls[0]
+    assert (len(trace["fast"].calls), call.ops, call.output_ops) == (1, ["mul_1"], [])
+    assert [c.ops for c in trace["fc"].calls] == [["linear_1"]]
+    assert not torch_module._global_forward_hooks
+    assert not torch_module._global_forward_hooks_always_called
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
 def test_saving_a_module_adds_no_ops_of_its_own():
     """The copy kept of a saved module's output is not an op of the model."""
     model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2)).eval()

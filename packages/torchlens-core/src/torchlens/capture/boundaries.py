@@ -86,7 +86,7 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         # runs between two ops of the user's forward, like the recorder: kept short
         if frames[-1][0] == address:
             frame = frames.pop()
-        else:  # an inner call's frame is still open (its forward raised and was caught)
+        else:  # an inner call's frame is still open (a hook that saw no end of it)
             frame = _pop_frame(frames, address)
             if frame is None:
                 return
@@ -160,7 +160,11 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
             n = counts.get(address, 0) + 1  # opened(), inline: it runs once per module call
             counts[address] = n
             frames.append([address, n, None, len(records), clock(), mod, frames[-1]])
-            output = inner(*args, **kwargs)
+            try:
+                output = inner(*args, **kwargs)
+            except BaseException:  # the call ends without an output (a caller may catch it)
+                closed(mod, None, address)
+                raise
             closed(mod, output, address)
             return output
 
@@ -180,7 +184,8 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
                 continue
             if lazy or module._forward_pre_hooks or module._forward_hooks:
                 handles.append(module.register_forward_pre_hook(partial(pre, address=address)))
-                handles.append(module.register_forward_hook(partial(post, address=address)))
+                handles.append(module.register_forward_hook(partial(post, address=address),
+                                                            always_call=True))
             elif process_wide or isinstance(module, torch.jit.ScriptModule) or getattr(
                     module.__dict__.get("forward"), "_torchlens_frames", False):
                 # (another capture, in another thread or around this one, wrapped it: it
@@ -193,7 +198,7 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
                 attrs["forward"] = wrapper
         if addresses:
             handles.append(_module.register_module_forward_pre_hook(pre))
-            handles.append(_module.register_module_forward_hook(post))
+            handles.append(_module.register_module_forward_hook(post, always_call=True))
     except BaseException:  # the user's model is left as it was found
         for handle in handles:
             handle.remove()
