@@ -35,13 +35,14 @@ A capture that raises on a side is reported with both sides' outcome, never skip
 status 0 when every model is identical, 1 otherwise.
 
 One difference is classified rather than counted: when only the save=[...] trace's graph
-(ops, modules, params, buffers, output structure, counts) differs, the old side's save=[...]
-graph differs from the old side's own save="all" graph, the new side's equals its own, and the
-save="all" traces and every saved value are identical, the new partial trace reports all the
-old full trace did and the difference is printed as the old revision's defect. (35af8c4 records
-its own ``detach``/``clone`` of a saved module's output as two ops of the model.) A save=[...]
-value that differs from the save="all" value of the same op on both sides alike is printed as a
-note: not a difference between the revisions.
+(ops, modules, params, buffers, output structure, counts) or saved values differ, the old
+side's save=[...] trace differs there from the old side's own save="all" trace, the new side's
+equals its own, and the save="all" traces are identical, the new partial trace reports all the
+old full trace did and the difference is printed as the old revision's defect. (35af8c4
+records its own ``detach``/``clone`` of a saved module's output as two ops of the model;
+a1a2acb and earlier keep only the first output of a saved module's multi-output op.) A
+save=[...] value that differs from the save="all" value of the same op on both sides alike is
+printed as a note: not a difference between the revisions.
 """
 
 from __future__ import annotations
@@ -459,20 +460,20 @@ def compare_model(old: dict, new: dict) -> dict[str, list[str]]:
 
 def excuse(found: dict[str, list[str]], old: dict, new: dict):
     """Split off the differences an old-revision defect explains: the save=[...] trace's
-    graph differs, the old side's save=[...] graph differs from its own save="all" graph, the
-    new side's does not, and the save="all" traces and the saved values are identical (else
-    they are in ``found``). The new partial trace then reports all the old full trace did."""
+    graph or values differ, the old side's save=[...] trace differs from its own save="all"
+    trace there, the new side's does not, and the save="all" traces are identical (else they
+    are in ``found``). The new partial trace then reports all the old full trace did."""
     partial = [k for k in found if k.startswith(PARTIAL)]
-    graph_only = all(k.removeprefix(f"{PARTIAL} ") in GRAPH for k in partial)
-    if not partial or not graph_only or any(k.startswith(ALL) for k in found) \
-            or graph_vs_all(new):
+    explained = all(k.removeprefix(f"{PARTIAL} ") in GRAPH or k == f"{PARTIAL} values"
+                    for k in partial)
+    if not partial or not explained or any(k.startswith(ALL) for k in found) \
+            or graph_vs_all(new) or values_vs_all(new):
         return found, {}
-    old_defect = graph_vs_all(old)
+    old_defect = graph_vs_all(old) + values_vs_all(old)
     if not old_defect:
         return found, {}
     rest = {k: v for k, v in found.items() if k not in partial}
-    return rest, {f"old {PARTIAL} graph differs from old {ALL} graph (new: the same)":
-                  old_defect}
+    return rest, {f"old {PARTIAL} differs from old {ALL} (new: the same)": old_defect}
 
 
 def notes(old: dict, new: dict) -> dict[str, list[str]]:

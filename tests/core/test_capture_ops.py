@@ -440,6 +440,47 @@ def test_a_caught_error_in_a_submodule_ends_its_call(hooks):
     assert all("forward" not in vars(m) for m in model.modules())
 
 
+class Recurrent(nn.Module):
+    """An LSTM (one op, three outputs) and a module returning one piece of a split."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(4, 3, batch_first=True)
+        self.head = Head()
+
+    def forward(self, x):
+        out, (h, c) = self.lstm(x)
+        return self.head(out) + h.sum() + c.sum()
+
+
+class Head(nn.Module):
+    def forward(self, x):
+        first, _ = x.split([2, 3], dim=1)
+        return first
+
+
+def test_a_saved_module_keeps_every_output_of_a_multi_output_op(tmp_path):
+    """``save=[module]`` keeps each output of the op that made the module's output, by position
+    (the LSTM's output, h and c), exactly as ``save="all"`` does; a piece of a split the module
+    did not return is None, and both survive a save and load."""
+    model = Recurrent().eval()
+    x = torch.randn(2, 5, 4)
+    everything = tl.trace(model, x)
+    picked = tl.trace(model, x, save=["lstm", "head"])
+    out, h, c = picked["lstm"].calls[0].out  # the call's output tensors, flat
+    with torch.no_grad():
+        expected, (h_ref, c_ref) = model.lstm(x)
+    assert torch.equal(out, expected) and torch.equal(h, h_ref) and torch.equal(c, c_ref)
+    assert all(torch.equal(a, b) for a, b in zip(picked["lstm_1"].out, everything["lstm_1"].out))
+    first, rest = picked["split_1"].out
+    assert rest is None and torch.equal(first, everything["split_1"].out[0])
+    assert torch.equal(picked["head"].calls[0].out, first)
+    picked.save(tmp_path / "t.tl")
+    loaded = tl.load(tmp_path / "t.tl")
+    assert loaded["split_1"].out[1] is None
+    assert torch.equal(loaded["lstm"].calls[0].out[2], c_ref)
+
+
 def test_saving_a_module_adds_no_ops_of_its_own():
     """The copy kept of a saved module's output is not an op of the model."""
     model = nn.Sequential(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), nn.Linear(4, 2)).eval()

@@ -25,7 +25,7 @@ from torch._C import DisableTorchFunction
 from torch.nn.modules import module as _module
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from .recorder import snapshot
+from .recorder import R_OUT_SHAPES, snapshot
 
 _MISSING = object()
 
@@ -118,10 +118,7 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
             outs = [(e[0], e[3]) if t._version == e[2] else _written_output(state, t, e)
                     for t in found if (e := tensors.get(id(t))) is not None and e[1]() is t]
             if save_modules and address in save_modules:
-                for t in found:
-                    index = state.producer(t)
-                    if index is not None and index not in state.values:
-                        state.values[index] = snapshot(t)
+                _keep_values(state, found)
         return outs
 
     def served(mod, address):
@@ -204,6 +201,27 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
             handle.remove()
         raise
     return handles
+
+
+def _keep_values(state: Any, found: list) -> None:
+    """Save the values of the ops that made a saved module's output tensors ``found``. An op
+    with several outputs keeps them all by position, as ``save="all"`` does; one the module did
+    not return stays None."""
+    several: dict[int, dict[int, torch.Tensor]] = {}
+    for t in found:
+        index = state.producer(t)
+        if index is None or index in state.values:
+            continue
+        shapes = state.records[index][R_OUT_SHAPES]
+        if shapes is None:
+            state.values[index] = snapshot(t)
+        else:
+            entry = state.tensors.get(id(t))
+            position = entry[3] if entry is not None and entry[0] == index else 0
+            several.setdefault(index, {}).setdefault(position, t)
+    for index, by_position in several.items():
+        state.values[index] = tuple(snapshot(by_position[p]) if p in by_position else None
+                                    for p in range(len(state.records[index][R_OUT_SHAPES])))
 
 
 def _pop_frame(frames: list, address: str) -> list | None:
