@@ -102,3 +102,27 @@ def test_module_built_inside_forward_is_disclosed():
     assert trace.params["lazy.weight"]["shape"] == [4, 3]
     assert trace.modules["lazy"].type == "LazyLinear" or trace.modules["lazy"].type == "Linear"
     assert trace.num_params == sum(p.numel() for p in model.parameters())
+
+
+class TriesLazy(nn.Module):
+    """Calls a lazy module on an input it cannot initialize from, catches that, goes on."""
+
+    def __init__(self):
+        super().__init__()
+        self.lazy = nn.LazyLinear(3)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        try:
+            self.lazy(x.sum())  # a 0-d input has no last dimension to size the weight from
+        except IndexError:
+            pass
+        return self.fc(x).relu()
+
+
+def test_a_lazy_module_whose_initialization_raises_does_not_stop_the_recording():
+    """The ops after a caught error in a lazy module's initialization are recorded, in the
+    modules that run them (the pause of the recorder for initialization ends with the error)."""
+    trace = tl.trace(TriesLazy(), torch.randn(2, 4), save=None)
+    assert [(op.label, op.module) for op in trace.ops] == [
+        ("input_1", ""), ("sum_1", ""), ("linear_1", "fc"), ("relu_1", ""), ("output_1", "")]

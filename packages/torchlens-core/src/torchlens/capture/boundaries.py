@@ -139,6 +139,10 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         opened(mod, address)
 
     def post(mod, args, output, address=None):
+        if address is not None and getattr(mod, "_torchlens_paused", False) and \
+                get_ident() == owner:  # a lazy one's initialization raised before ``pre`` ran
+            state.suspended -= 1
+            del mod._torchlens_paused
         address = served(mod, address)
         if address is not None:
             closed(mod, output, address)
