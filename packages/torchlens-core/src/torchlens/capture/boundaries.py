@@ -133,19 +133,22 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         address = served(mod, address)
         if address is None:
             return
-        if own and getattr(mod, "_torchlens_paused", False):
-            state.suspended -= 1
-            del mod._torchlens_paused
+        if own:
+            resume(mod)
         opened(mod, address)
 
     def post(mod, args, output, address=None):
-        if address is not None and getattr(mod, "_torchlens_paused", False) and \
-                get_ident() == owner:  # a lazy one's initialization raised before ``pre`` ran
-            state.suspended -= 1
-            del mod._torchlens_paused
+        if address is not None and get_ident() == owner:
+            resume(mod)  # a lazy one's initialization raised before ``pre`` ran
         address = served(mod, address)
         if address is not None:
             closed(mod, output, address)
+
+    def resume(mod):
+        """End a lazy module's pause of the recorder, if it is still paused."""
+        if getattr(mod, "_torchlens_paused", False):
+            state.suspended -= 1
+            del mod._torchlens_paused
 
     def pause(mod, args):
         # a lazy module: runs before its own initializing pre-hook; ``pre`` ends the pause
@@ -211,7 +214,7 @@ def _keep_values(state: Any, found: list) -> None:
     """Save the values of the ops that made a saved module's output tensors ``found``. An op
     with several outputs keeps them all by position, as ``save="all"`` does; one the module did
     not return stays None."""
-    several: dict[int, dict[int, torch.Tensor]] = {}
+    several: dict[int, list] = {}  # op index -> its outputs by position (None: not returned)
     for t in found:
         index = state.producer(t)
         if index is None or index in state.values:
@@ -219,13 +222,14 @@ def _keep_values(state: Any, found: list) -> None:
         shapes = state.records[index][R_OUT_SHAPES]
         if shapes is None:
             state.values[index] = snapshot(t)
-        else:
-            entry = state.tensors.get(id(t))
-            position = entry[3] if entry is not None and entry[0] == index else 0
-            several.setdefault(index, {}).setdefault(position, t)
-    for index, by_position in several.items():
-        state.values[index] = tuple(snapshot(by_position[p]) if p in by_position else None
-                                    for p in range(len(state.records[index][R_OUT_SHAPES])))
+            continue
+        entry = state.tensors.get(id(t))
+        position = entry[3] if entry is not None and entry[0] == index else 0
+        outputs = several.setdefault(index, [None] * len(shapes))
+        if outputs[position] is None:
+            outputs[position] = t
+    for index, outputs in several.items():
+        state.values[index] = tuple(None if t is None else snapshot(t) for t in outputs)
 
 
 def _pop_frame(frames: list, address: str) -> list | None:
