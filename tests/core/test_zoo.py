@@ -14,6 +14,7 @@ from .zoo_checks import (
     check_light_capture_matches_trace,
     check_module_outputs_saved,
     check_output_equals_plain_forward,
+    check_saved_values_equal_a_reference,
 )
 
 NAMES = sorted(PURE_CASES)
@@ -37,3 +38,8 @@ def test_saved_activations_equal_module_outputs(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_light_capture_labels_and_keeps_what_a_trace_does(name):
     check_light_capture_matches_trace(PURE_CASES[name])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_saved_values_equal_what_each_call_returned(name):
+    check_saved_values_equal_a_reference(PURE_CASES[name])

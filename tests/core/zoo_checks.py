@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 import torchlens as tl
 from tests.models import ZooCase, call_model
@@ -76,6 +77,47 @@ def check_module_outputs_saved(case: ZooCase) -> None:
             assert f"{address}:{call.pass_num}" in op.module_outputs
             assert torch.equal(call.out, expected)
             assert torch.equal(op.out, expected)
+
+
+class _CloneEveryOutput(TorchFunctionMode):
+    """An independent reference: a copy of every top-level torch call's tensor outputs (for
+    ``__setitem__``, of the tensor it wrote), taken the moment the call returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[str, list[torch.Tensor]]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        written = [args[0]] if func is torch.Tensor.__setitem__ else _flat(out)
+        if written:
+            self.rows.append((func.__name__, [t.detach().clone() for t in written]))
+        return out
+
+
+def check_saved_values_equal_a_reference(case: ZooCase) -> None:
+    """``save="all"`` keeps, for every op, exactly what the call returned when it ran, though
+    values are kept by reference until something writes to them: a mode of its own that copies
+    every output at once sees the same values (``empty`` ops, whose bytes are whatever memory
+    held, excepted)."""
+    model, x = case.build()
+    reference = _CloneEveryOutput()
+    torch.manual_seed(11)
+    with torch.no_grad(), reference:
+        call_model(model, x)
+    model, x = case.build()
+    torch.manual_seed(11)
+    with torch.no_grad():
+        trace = tl.trace(model, x, save="all")
+    ops = [op for op in trace if op.kind == "op"]
+    assert len(ops) == len(reference.rows) > 0
+    for op, (name, expected) in zip(ops, reference.rows):
+        assert op.saved, op.label
+        got = _flat(op.out)
+        assert len(got) == len(expected), (op.label, name)
+        if op.func.startswith("empty") or op.func.startswith("new_empty"):
+            continue
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), op.label
 
 
 def check_light_capture_matches_trace(case: ZooCase) -> None:
