@@ -489,3 +489,29 @@ def test_saving_a_module_adds_no_ops_of_its_own():
     assert [op.label for op in by_module] == [op.label for op in tl.trace(model, x, save="all")]
     assert [op.func for op in by_module] == ["input", "linear", "relu", "linear", "output"]
     assert torch.equal(by_module["0"].out, torch.relu(model[0][0](x)))
+
+
+def test_a_compiled_model_is_traced_through_its_original_modules():
+    """``torch.compile`` wraps the model in an OptimizedModule (its model at ``_orig_mod``):
+    the capture runs the original modules eagerly, compiling nothing, and records their ops and
+    values; the compiled model compiles on its own next call, its modules unwrapped."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model(x)
+        trace = tl.trace(compiled, x)
+    assert [(op.func, op.module) for op in trace if op.kind == "op"] == [
+        ("linear", "_orig_mod.0"), ("relu", "_orig_mod.1"), ("linear", "_orig_mod.2")]
+    assert torch.equal(trace.output, expected)
+    assert [c.output_ops for c in trace["_orig_mod.2"].calls] == [["linear_2"]]
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert not counters["stats"]["unique_graphs"] and not counters["graph_break"]
+    with torch.no_grad():
+        assert torch.equal(compiled(x), expected)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch._dynamo.reset()

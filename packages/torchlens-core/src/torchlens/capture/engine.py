@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -41,6 +42,13 @@ _NORM = nn.modules.batchnorm._NormBase
 def capturing() -> bool:
     """True while this thread is inside a captured forward."""
     return getattr(_active, "depth", 0) > 0
+
+
+def eager() -> contextlib.AbstractContextManager:
+    """``torch.compile``d code runs as written while captured: every op reaches the recorder,
+    and the capture compiles nothing (no graph-break warnings, no recompiles left behind)."""
+    dynamo = sys.modules.get("torch._dynamo")  # not imported: nothing can be compiled
+    return dynamo.set_stance("force_eager") if dynamo is not None else contextlib.nullcontext()
 
 
 def saves_nothing(save: Any) -> bool:
@@ -101,7 +109,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     try:
-        with quiet_hooks(model, offloaded, state), Recorder(state):
+        with quiet_hooks(model, offloaded, state), eager(), Recorder(state):
             out = model(*args, **kwargs)
         structure = _output_node(state, out, "", 0, [0])
         if not replay:
@@ -206,7 +214,7 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[s
     try:
         # module addresses alone need no per-op mode: their frames see the outputs
         counting = LightRecorder(state) if save_labels else contextlib.nullcontext()
-        with quiet_hooks(model, inv.hooked, state), counting:
+        with quiet_hooks(model, inv.hooked, state), eager(), counting:
             model(*args, **kwargs)
     finally:
         _active.depth -= 1
