@@ -515,3 +515,37 @@ def test_a_compiled_model_is_traced_through_its_original_modules():
         assert torch.equal(compiled(x), expected)
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
     torch._dynamo.reset()
+
+
+def test_overlapping_captures_in_two_threads_leave_torch_compile_on():
+    """The eager stance is process-wide: the first of two overlapping captures sets it, the last
+    to end (not the first) puts it back, so compiled code compiles again after both."""
+    from torch._dynamo.utils import counters
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+
+    class Gate(nn.Module):
+        def __init__(self, entered, wait_for):
+            super().__init__()
+            self.entered, self.wait_for = entered, wait_for
+
+        def forward(self, x):
+            self.entered.set()
+            assert self.wait_for.wait(10)
+            return x + 1
+
+    def second():
+        first_in.wait(10)
+        tl.trace(Gate(second_in, first_out), torch.ones(2))
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    tl.trace(Gate(first_in, second_in), torch.ones(2))  # ends while the second still runs
+    first_out.set()
+    thread.join(10)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(nn.Linear(4, 4), backend="eager")
+    compiled(torch.randn(2, 4))
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from ..errors import InputError, InputTypeError, warn
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .boundaries import install as install_boundaries
 from .boundaries import leaves
+from .compiled import eager
 from .cow import Held, storage_key
 from .flops import flops_of, flops_of_weight
 from .inventory import Inventory, inventory
@@ -42,13 +42,6 @@ _NORM = nn.modules.batchnorm._NormBase
 def capturing() -> bool:
     """True while this thread is inside a captured forward."""
     return getattr(_active, "depth", 0) > 0
-
-
-def eager() -> contextlib.AbstractContextManager:
-    """``torch.compile``d code runs as written while captured: every op reaches the recorder,
-    and the capture compiles nothing (no graph-break warnings, no recompiles left behind)."""
-    dynamo = sys.modules.get("torch._dynamo")  # not imported: nothing can be compiled
-    return dynamo.set_stance("force_eager") if dynamo is not None else contextlib.nullcontext()
 
 
 def saves_nothing(save: Any) -> bool:
