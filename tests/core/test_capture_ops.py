@@ -493,8 +493,9 @@ def test_saving_a_module_adds_no_ops_of_its_own():
 
 def test_a_compiled_model_is_traced_through_its_original_modules():
     """``torch.compile`` wraps the model in an OptimizedModule (its model at ``_orig_mod``):
-    the capture runs the original modules eagerly, compiling nothing, and records their ops and
-    values; the compiled model compiles on its own next call, its modules unwrapped."""
+    a capture (and ``tl.record``'s light one) runs the original modules eagerly, compiling
+    nothing, and records their ops and values; the compiled model compiles on its own next
+    call, its modules unwrapped."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -510,6 +511,9 @@ def test_a_compiled_model_is_traced_through_its_original_modules():
     assert torch.equal(trace.output, expected)
     assert [c.output_ops for c in trace["_orig_mod.2"].calls] == [["linear_2"]]
     assert all("forward" not in m.__dict__ for m in model.modules())
+    recording = tl.record(compiled, x, save=["relu_1", "_orig_mod.2"], progress=False)
+    assert torch.equal(recording["relu_1"], trace["relu_1"].out)
+    assert torch.equal(recording["_orig_mod.2"], expected)
     assert not counters["stats"]["unique_graphs"] and not counters["graph_break"]
     with torch.no_grad():
         assert torch.equal(compiled(x), expected)
