@@ -1,4 +1,5 @@
-"""Every pure-torch zoo model: traced output == plain forward, stable labels, saved module outputs.
+"""Every pure-torch zoo model: traced output == plain forward, stable labels, saved module outputs,
+every saved value == what its call returned, the light capture.
 
 The torchvision and Hugging Face zoo models run the same checks in tests/e2e.
 """

@@ -1,4 +1,5 @@
-"""Checks every zoo case must pass: output equality, stable labels, saved module outputs."""
+"""Checks every zoo case must pass: output equality, stable labels, saved module outputs, saved
+values against an independent reference, the light capture."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def check_saved_values_equal_a_reference(case: ZooCase) -> None:
         assert op.saved, op.label
         got = _flat(op.out)
         assert len(got) == len(expected), (op.label, name)
-        if op.func.startswith("empty") or op.func.startswith("new_empty"):
+        if op.func.startswith(("empty", "new_empty")):
             continue
         assert all(torch.equal(a, b) for a, b in zip(got, expected)), op.label
 
