@@ -127,3 +127,24 @@ def test_pinned_context_reports_receipt_even_on_error():
     with pytest.raises(ValueError), pinned(model, "test") as box:
         raise ValueError("x")
     assert box["receipt"].verified and model.training
+
+
+def test_pinned_surfaces_compile_nothing_of_a_compiled_model():
+    """The pinned policy runs compiled code eagerly: ``tl.summary``'s warm-up forward and
+    capture and ``guess_input_shape``'s probes leave no compiled graph (each would otherwise
+    compile, and every probed shape recompile), and the stance is back after."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU()).eval()
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(2, 8)
+    rows = tl.summary(compiled, x).rows
+    assert [row["layer"] for row in rows] == ["_orig_mod", "_orig_mod.0", "_orig_mod.1"]
+    assert tl.debug.guess_input_shape(compiled).input_shape[-1] == 8
+    assert not counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        assert torch.equal(compiled(x), model(x))
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()

@@ -1,4 +1,5 @@
-"""Execution policy of the pinned surfaces: eval + no-grad, forked RNG, restored state, a receipt.
+"""Execution policy of the pinned surfaces: eval + no-grad, forked RNG, compiled code run eagerly,
+restored state, a receipt.
 
 ``pinned(model)`` snapshots every module's ``training`` flag, the RNG streams (CPU and CUDA), every
 buffer, and each parameter and buffer slot's tensor object, storage and version counter; runs the
@@ -30,6 +31,7 @@ from torch.nn import Parameter
 from torch.nn.parameter import is_lazy
 
 from ..errors import StateError
+from .compiled import eager
 from .cow import storage_key
 from .inventory import Inventory, inventory, module_paths
 from .meta import is_meta
@@ -352,8 +354,8 @@ def _digest(state: dict[str, tuple]) -> str:
 @contextlib.contextmanager
 def pinned(model: nn.Module, surface: str, grad: bool = False,
            inv: Inventory | None = None) -> Iterator[dict[str, Any]]:
-    """Run the body in eval + no-grad (grad stays on when ``grad``) with forked RNG; restore and
-    verify afterwards.
+    """Run the body in eval + no-grad (grad stays on when ``grad``) with forked RNG and compiled
+    code run eagerly (a warm-up or probe forward compiles nothing); restore and verify afterwards.
 
     Yields a dict that receives ``receipt`` (a Receipt) when the block exits, also on error.
     Buffers the body writes or swaps, and flags it sets, are put back and named on the receipt;
@@ -384,7 +386,7 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     devices = list(range(torch.cuda.device_count())) if cuda else []
     error: BaseException | None = None
     try:
-        with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad):
+        with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad), eager():
             if any(flag for _, _, flag in flags):
                 model.eval()
             try:
