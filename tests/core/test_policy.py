@@ -148,3 +148,101 @@ def test_pinned_surfaces_compile_nothing_of_a_compiled_model():
         assert torch.equal(compiled(x), model(x))
     assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+
+class _FirstCallInit(nn.Module):
+    """A first call that differs (data-dependent initialization, ActNorm-style): guarded by a
+    buffer, it takes another path than later calls and, when ``write``, sets ``loc`` through
+    ``.data``."""
+
+    def __init__(self, write: bool):
+        super().__init__()
+        self.write = write
+        self.loc = nn.Parameter(torch.zeros(4))
+        self.head = nn.Linear(4, 2)
+        self.register_buffer("initialized", torch.zeros((), dtype=torch.bool))
+
+    def forward(self, x):
+        if not self.initialized:
+            self.initialized.fill_(True)
+            if self.write:
+                self.loc.data.copy_(-x.mean(0))
+            return torch.tanh(x + self.loc)
+        return self.head(x + self.loc)
+
+
+def test_summary_undoes_its_warm_up_before_the_capture():
+    """The warm-up forward's buffer writes are put back before the capture, so the first
+    summary (with a warm-up) and the second (without) both describe the caller's next call."""
+    model, x = _FirstCallInit(write=False), torch.randn(3, 4)
+    first, second = tl.summary(model, x), tl.summary(model, x)
+    assert first.trace.meta["timing"]["warmup_forwards"] == 1
+    assert second.trace.meta["timing"]["warmup_forwards"] == 0
+    for summary in (first, second):
+        assert [op.func for op in summary.trace if op.kind == "op"] == ["fill_", "add", "tanh"]
+        assert summary.receipt.verified and summary.receipt.restored_buffers == ["initialized"]
+    assert not model.initialized
+
+
+def test_summary_catches_a_parameter_write_its_warm_up_made():
+    """A parameter written through ``.data`` on the first call fails the receipt, by name,
+    though the uncaptured warm-up forward made the write first."""
+    model, x = _FirstCallInit(write=True), torch.randn(3, 4)
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.summary(model, x)
+    assert err.value.code == "state_restore_failed" and "['loc']" in str(err.value)
+    assert not model.initialized
+
+
+def test_a_forward_that_flips_requires_grad_is_restored_and_named():
+    class Freezing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.fc.weight.requires_grad_(False)
+            return self.fc(x)
+
+    model = Freezing()
+    receipt = tl.summary(model, torch.randn(2, 4)).receipt
+    assert model.fc.weight.requires_grad and model.fc.bias.requires_grad
+    assert receipt.verified and receipt.restored_requires_grad == ["fc.weight"]
+    assert "requires_grad" in receipt.undone
+
+
+def test_two_threads_summarizing_one_model_leave_it_as_it_was():
+    """Pinned blocks on one model run one at a time: overlapping ones restored each other's
+    snapshots, leaving the model in eval mode and a buffer written."""
+    import threading
+    import time
+
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls += 1
+            time.sleep(0.002)  # a forward long enough for the other thread to start its own
+            return self.fc(x)
+
+    model, x = Counting().train(), torch.randn(3, 4)
+    errors: list[BaseException] = []
+
+    def run():
+        for _ in range(6):
+            try:
+                assert tl.summary(model, x).receipt.verified
+            except BaseException as exc:  # noqa: BLE001  (reported below)
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    assert model.training and model.fc.training and model.calls.item() == 0

@@ -68,6 +68,8 @@ def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, su
     inv = inv or inventory(model)
     with pinned(model, surface, inv=inv) as box:
         timing = warm_up(model, args, kwargs, inv) if warmup else None
+        if timing and timing.get("warmup_forwards"):
+            box["reset"]()  # the capture describes the call the caller would make next
         result = capture(model, args, kwargs, save=save, inv=None if timing and timing.get(
             "warmup_forwards") else inv)
     result.receipt = box["receipt"]

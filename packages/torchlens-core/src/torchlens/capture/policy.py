@@ -60,6 +60,7 @@ class Receipt:
     offloaded: int = 0  # tensors accelerate keeps on cpu/disk between forwards: homes verified
     restored_buffers: list[str] = field(default_factory=list)  # the body wrote them; put back
     restored_flags: list[str] = field(default_factory=list)  # modules the body set to training
+    restored_requires_grad: list[str] = field(default_factory=list)  # parameters it flipped
     replaced: list[str] = field(default_factory=list)  # parameters the body swapped for new ones
     changed: list[str] = field(default_factory=list)  # tensors that differ after the restore
 
@@ -87,6 +88,9 @@ class Receipt:
             parts.append(f"buffers written by the forward {_names(self.restored_buffers)}")
         if self.restored_flags:
             parts.append(f"training flags set by the forward {_names(self.restored_flags)}")
+        if self.restored_requires_grad:
+            parts.append("requires_grad flags the forward changed on parameters "
+                         f"{_names(self.restored_requires_grad)}")
         return "restored " + " and ".join(parts) if parts else ""
 
     def __repr__(self) -> str:
@@ -292,15 +296,21 @@ def _unchanged(slots: list[tuple], shapes: list, flat: torch.Tensor) -> bool:
 
 def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies: list,
              receipt: dict[str, list[str]]) -> None:
-    """Put back training flags, swapped-out parameter and buffer objects and written buffers
-    (their values before: ``copies``), naming in ``receipt`` what the body had changed."""
+    """Put back training flags, swapped-out parameter and buffer objects, parameters'
+    ``requires_grad`` (the last item of each of ``params``) and written buffers (their values
+    before: ``copies``), naming in ``receipt`` what the body had changed."""
     receipt["restored_flags"] = [name or type(model).__name__ for name, module, flag in flags
                                  if module.training]
     for _, module, flag in flags:
         if module.training is not flag:  # nn.Module's setattr is slow: only what changed
             module.training = flag
-    receipt["replaced"] = [name for name, module, local, t in params
+    receipt["replaced"] = [name for name, module, local, t, _ in params
                            if _put_back(module, "_parameters", local, t)]
+    receipt["restored_requires_grad"] = [name for name, _, _, t, wanted in params
+                                         if t.requires_grad is not wanted]
+    for _, _, _, t, wanted in params:
+        if t.requires_grad is not wanted:
+            t.requires_grad_(wanted)
     restored = {name for name, module, local, t in buffers
                 if _put_back(module, "_buffers", local, t)}
     same: set[str] = set()  # buffers that now hold exactly their bytes from before
@@ -322,6 +332,18 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies:
     receipt["same_bytes"] = list(same)
 
 
+_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its pinned lock
+_locks_lock = threading.Lock()
+
+
+def _lock_of(model: nn.Module) -> threading.RLock:
+    with _locks_lock:
+        lock = _locks.get(model)
+        if lock is None:
+            lock = _locks[model] = threading.RLock()
+        return lock
+
+
 _watching = threading.local()  # per thread: the write sets of the open pinned blocks
 
 
@@ -335,7 +357,7 @@ def note_writes(storages: Iterable[int]) -> None:
 def _state(entries: list[tuple]) -> dict[str, tuple]:
     """name -> (tensor object id, storage, shape, dtype, device, version counter)."""
     return {name: (id(t), storage_key(t), tuple(t.shape), t.dtype, t.device, t._version)
-            for name, _, _, t in entries}
+            for name, _, _, t, *_ in entries}
 
 
 def _digest(state: dict[str, tuple]) -> str:
@@ -363,8 +385,19 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     storage) or swaps for a new object fails the check (``state_restore_failed``, naming it),
     a swapped one after its original object is put back. No tensor's bytes are re-read: the
     cost does not grow with the model's size beyond the buffers' copies. ``inv``: the model's
-    inventory, when the caller just took it.
+    inventory, when the caller just took it. Pinned blocks on one model from several threads
+    run one at a time: each restores what it found, so overlapping ones would restore each
+    other's changes.
     """
+    with _lock_of(model), _pinned(model, surface, grad, inv) as box:
+        yield box
+
+
+
+@contextlib.contextmanager
+def _pinned(model: nn.Module, surface: str, grad: bool = False,
+           inv: Inventory | None = None) -> Iterator[dict[str, Any]]:
+    """The body of ``pinned``, under the model's lock."""
     box: dict[str, Any] = {}
     inv = inv or inventory(model)
     lazy_before = inv.pending_lazy()
@@ -374,6 +407,7 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     skip = {**lazy_before, **homes_before}
     flags = [(name, m, m.training) for name, m in modules]
     params, buffer_slots = _slots(modules, skip)
+    params = [(*slot, slot[3].requires_grad) for slot in params]
     copies = _copy_buffers(buffer_slots)
     state_before = _state(params + buffer_slots)
     storages = {key: name for name, (_, key, *_) in state_before.items()
@@ -385,6 +419,20 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     devices = list(range(torch.cuda.device_count())) if cuda else []
     error: BaseException | None = None
+    early: dict[str, set[str]] = {"restored_buffers": set(), "replaced": set(),
+                                  "restored_requires_grad": set()}
+
+    def reset() -> None:
+        """Undo what an uncaptured forward of the block did (a warm-up), so the capture after
+        it sees the state the caller left; what it undid still goes on the receipt."""
+        done: dict[str, list[str]] = {}
+        _restore(model, flags, params, buffer_slots, copies, done)
+        for key, names in early.items():
+            names.update(done[key])
+        if any(flag for _, _, flag in flags):
+            model.eval()
+
+    box["reset"] = reset
     try:
         with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad), eager():
             if any(flag for _, _, flag in flags):
@@ -394,6 +442,11 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
             finally:
                 watching.remove(seen)
                 _restore(model, flags, params, buffer_slots, copies, undone)
+                for key, names in early.items():
+                    if names:  # in slot order, as ``_restore`` names them
+                        names.update(undone[key])
+                        slots = buffer_slots if key == "restored_buffers" else params
+                        undone[key] = [slot[0] for slot in slots if slot[0] in names]
     except BaseException as exc:
         error = exc
         raise
@@ -417,6 +470,7 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
         flags_back = all(module.training == flag for _, module, flag in flags)
         homes_back = (homes(model, offload) if offload else {}) == homes_before
         replaced = undone.get("replaced", [])
+        requires_grad = undone.get("restored_requires_grad", [])
         receipt = Receipt(
             hash_before=(digest := _digest(state_before)),
             hash_after=digest if state_after == state_before else _digest(state_after),
@@ -429,7 +483,7 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
             offloaded=len(homes_before),
             restored_buffers=undone.get("restored_buffers", []),
             restored_flags=undone.get("restored_flags", []),
-            replaced=replaced, changed=changed,
+            restored_requires_grad=requires_grad, replaced=replaced, changed=changed,
         )
         box["receipt"] = receipt
         if not receipt.verified and error is None:
