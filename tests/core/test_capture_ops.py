@@ -553,3 +553,49 @@ def test_overlapping_captures_in_two_threads_leave_torch_compile_on():
     compiled(torch.randn(2, 4))
     assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+def test_an_op_that_returns_a_parameter_itself_feeds_its_readers():
+    """``w.float()`` on a float32 parameter returns ``w`` itself: the op is the producer of
+    what its readers read (as when an in-place write came first), and the parameter stays
+    named on them."""
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4))
+
+        def forward(self, x):
+            return x * (1.0 + self.w.float())
+
+    trace = tl.trace(Norm(), torch.randn(4), save=None)
+    assert trace["float_1"].children == ["add_1"]
+    assert trace["add_1"].parents == ["float_1"] and trace["add_1"].params == ["w"]
+
+
+def test_record_keeps_a_copy_of_each_output_of_a_multi_output_op():
+    """A later in-place write into the storage of ``chunk``'s outputs (or a module's tuple
+    output) does not change what ``tl.record`` kept, as it does not change the trace's."""
+
+    class Chunks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = nn.RNN(4, 4, batch_first=True)
+
+        def forward(self, x):
+            h = x * 1
+            a, b = h.chunk(2, dim=1)
+            out, last = self.rnn(x)
+            h.zero_()
+            out.zero_()
+            return a + b, last
+
+    model, x = Chunks(), torch.randn(1, 4, 4)
+    with torch.no_grad():
+        trace = tl.trace(model, x)
+        recording = tl.record(model, x, save=["chunk_1", "rnn"], progress=False)
+    [chunks] = recording["chunk_1"]  # one input: its tuple
+    assert all(torch.equal(a, b) for a, b in zip(chunks, trace["chunk_1"].out))
+    assert chunks[0].abs().sum() > 0
+    [rnn] = recording["rnn"]
+    assert torch.equal(rnn[0], trace["rnn"].calls[0].out[0]) and rnn[0].abs().sum() > 0

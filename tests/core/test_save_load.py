@@ -109,3 +109,20 @@ def test_inconsistent_contents_refused(good_file, tmp_path):
     payload["meta_json"] = json.dumps(meta)
     torch.save(payload, tmp_path / "bad.tl")
     _refused(tmp_path / "bad.tl")
+
+
+def test_a_saved_view_of_another_dtype_saves_and_loads(tmp_path):
+    """``fft(x).real`` (FNet) and ``view(torch.int32)`` keep views of a saved value as another
+    dtype; the file holds them (``torch.save`` refuses one storage seen as two dtypes) and they
+    load equal."""
+
+    class Views(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.fft(x).real * 2, (x * 1).view(torch.int32) + 0
+
+    trace = tl.trace(Views(), torch.randn(2, 8), save="all")
+    path = tmp_path / "views.tl"
+    trace.save(path)
+    loaded = tl.load(path)
+    for label in ("fft_fft_1", "real_1", "view_1", "output_1", "output_2"):
+        assert torch.equal(loaded[label].out, trace[label].out), label

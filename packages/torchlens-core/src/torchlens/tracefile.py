@@ -41,6 +41,7 @@ def save_trace(trace: Any, path: str | os.PathLike, schema_version: int) -> None
                     tensors[f"{op.index}.{j}"] = t
             else:
                 tensors[str(op.index)] = value
+    _unshare_across_dtypes(tensors)
     payload = {"format": FORMAT, "meta_json": json.dumps(_meta_of(trace, schema_version)),
                "tensors": tensors,
                "tuple_ops": [op.index for op in trace.ops if op.saved
@@ -49,3 +50,16 @@ def save_trace(trace: Any, path: str | os.PathLike, schema_version: int) -> None
     tmp = f"{path}.tmp-{os.getpid()}"
     torch.save(payload, tmp)
     os.replace(tmp, path)
+
+
+def _unshare_across_dtypes(tensors: dict[str, Any]) -> None:
+    """A saved view keeps sharing memory with the value it views, but ``torch.save`` refuses one
+    storage seen as two dtypes (``fft(x).real``, ``view_as_real``, ``x.view(torch.int32)``):
+    such a view is written as a copy of its own."""
+    dtypes: dict[int, torch.dtype] = {}
+    for key, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.is_meta:
+            continue
+        storage = t.untyped_storage().data_ptr()
+        if dtypes.setdefault(storage, t.dtype) != t.dtype:
+            tensors[key] = t.clone()

@@ -305,8 +305,8 @@ class Recorder(TorchFunctionMode):
                 p = param_ids.get(key)
                 if p is not None:
                     params = params + (p,)
-                    if not s.writes:  # no in-place write yet: no parameter has a producer
-                        continue
+                    if not s.writes and key not in tensors:
+                        continue  # no op returned it (``w.float()`` can) nor wrote it in place
                 elif buffer_ids:
                     b = buffer_ids.get(key)
                     if b is not None:

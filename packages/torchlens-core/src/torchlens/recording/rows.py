@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..capture.recorder import snapshot
 from ..errors import InputError
 
 REDUCTIONS = ("mean", "last")
@@ -94,7 +95,8 @@ class Keeper:
 
     def __call__(self, key: str, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
-            return value  # the store refuses it by name; memory keeps it as it is
+            # several outputs: a copy of each, as for one (the store refuses them by name)
+            return snapshot(value)
         out = value.detach()
         how = self.how(key)
         if how is not None and out.dim() >= 2:
