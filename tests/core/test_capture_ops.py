@@ -599,3 +599,39 @@ def test_record_keeps_a_copy_of_each_output_of_a_multi_output_op():
     assert chunks[0].abs().sum() > 0
     [rnn] = recording["rnn"]
     assert torch.equal(rnn[0], trace["rnn"].calls[0].out[0]) and rnn[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_a_direct_forward_call_is_not_a_module_call(hooked):
+    """``self.forward(v)`` called from a module's own forward (a list dispatched item by item)
+    makes no module call, as for torch's hooks: the module has one call, with or without hooks
+    of its own (the wrapped ``forward`` and the hooks agree)."""
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            if isinstance(x, list):
+                return [self.forward(v) for v in x]
+            return torch.relu(self.fc(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = Encoder()
+
+        def forward(self, xs):
+            a, b = self.enc(xs)
+            return a + b
+
+    model, fired = Model(), []
+    if hooked:
+        model.enc.register_forward_pre_hook(lambda mod, args: fired.append(1))
+    trace = tl.trace(model, ([torch.randn(2, 3), torch.randn(2, 3)],))
+    [call] = trace["enc"].calls
+    assert call.ops == ["linear_1", "relu_1", "linear_1:2", "relu_2"]
+    assert call.output_ops == ["relu_1", "relu_2"]
+    assert [c.pass_num for c in trace["enc.fc"].calls] == [1, 2]
+    assert fired == ([1] if hooked else [])

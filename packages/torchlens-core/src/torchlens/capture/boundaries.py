@@ -17,7 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from functools import partial
+from sys import _getframe
 from threading import get_ident
+from types import CodeType
 from typing import Any
 
 import torch
@@ -28,6 +30,10 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from .recorder import R_OUT_SHAPES, snapshot
 
 _MISSING = object()
+# the frames that call a module's forward: ``_call_impl`` and, on its path with hooks, the
+# function it defines inside
+_CALLERS = frozenset({_call := torch.nn.Module._call_impl.__code__,
+                      *(c for c in _call.co_consts if isinstance(c, CodeType))})
 
 
 def leaves(value: Any, found: list, depth: int = 0) -> list:
@@ -159,7 +165,9 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
 
     def wrap(mod, address, inner):
         def forward(*args, **kwargs):
-            if get_ident() != owner:  # not this capture's call
+            # not this capture's call, or not a module call: ``self.forward(...)`` called
+            # directly (a list dispatching item by item) is not one, for torch's hooks either
+            if get_ident() != owner or _getframe(1).f_code not in _CALLERS:
                 return inner(*args, **kwargs)
             n = counts.get(address, 0) + 1  # opened(), inline: it runs once per module call
             counts[address] = n
