@@ -635,3 +635,32 @@ def test_a_direct_forward_call_is_not_a_module_call(hooked):
     assert call.output_ops == ["relu_1", "relu_2"]
     assert [c.pass_num for c in trace["enc.fc"].calls] == [1, 2]
     assert fired == ([1] if hooked else [])
+
+
+def test_writes_through_data_reach_the_readers_and_keep_saved_values():
+    """``.data`` has a version counter of its own: a write through it (``y.data.mul_``, a
+    parameter's ``w.data[0] = v``) is what later readers of ``y`` / ``w`` read, and
+    ``t.data = v`` is an op (``set_data``) that leaves the value saved before it unchanged."""
+
+    class DataWrites(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            y = x * 2
+            y.data.mul_(0)
+            self.w.data[0] = 5.0
+            h = x * 3
+            h.data = torch.full((2, 3), 7.0)
+            return y + (x @ self.w)[:, None] + h
+
+    x = torch.randn(2, 3)
+    trace = tl.trace(DataWrites(), x)
+    assert trace["add_1"].parents == ["mul__1", "getitem_1"]
+    assert trace["matmul_1"].parents == ["input_1", "setitem_1"]
+    assert trace["matmul_1"].params == ["w"]
+    assert trace["set_data_1"].parents == ["mul_2", "full_1"]
+    assert trace["add_2"].parents == ["add_1", "set_data_1"]
+    assert torch.equal(trace["mul_2"].out, x * 3)
+    assert torch.equal(trace["set_data_1"].out, torch.full((2, 3), 7.0))

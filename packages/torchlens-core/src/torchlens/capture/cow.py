@@ -22,6 +22,7 @@ from torch import Tensor
 from .naming import func_name
 
 _SETITEM = Tensor.__setitem__
+SET_DATA = Tensor.data.__set__  # a method-wrapper: compare with ==, a new one each access
 _writers: dict[Any, Any] = {}  # callable -> how it writes (see _writer_of); cached per callable
 
 
@@ -39,8 +40,8 @@ def _writer_of(func: Any) -> Any:
     """None (writes nothing but ``out=``), "first" (writes its first argument, the ``*_``
     convention), an int (position of an ``inplace`` flag that makes it write its first
     argument), or a tuple of the positions and names a torch.ops schema marks as written."""
-    if func is _SETITEM or func_name(func).endswith("_"):
-        return "first"
+    if func is _SETITEM or func == SET_DATA or func_name(func).endswith("_"):
+        return "first"  # (``t.data = v`` gives ``t`` new memory: what it held must be copied)
     schema = getattr(func, "_schema", None)
     if schema is not None:
         written = tuple(x for i, a in enumerate(schema.arguments)

@@ -26,7 +26,8 @@ def func_name(func: Any) -> str:
     name = getattr(func, "__name__", None) or type(func).__name__
     if name in ("__get__", "__set__"):  # a Tensor property such as .T or .data
         owner = getattr(func, "__self__", None)
-        name = getattr(owner, "__name__", name)
+        prefix = "set_" if name == "__set__" else ""  # ``t.data = v`` is ``set_data``
+        name = prefix + getattr(owner, "__name__", name)
     if name.startswith("__") and name.endswith("__"):
         core = name[2:-2]
         if core in _DUNDER_ALIASES:

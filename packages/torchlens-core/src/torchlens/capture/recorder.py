@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .cow import Held, may_write, storage_key, written_by
+from .cow import SET_DATA, Held, may_write, storage_key, written_by
 from .flops import FORMULAS, WEIGHT_ARG, shapes
 from .naming import NAMES as _names
 from .naming import func_name
@@ -72,6 +72,8 @@ class CaptureState:
         self.tensors: dict[int, tuple[int, Any, int]] = {}  # id -> (record, weakref, version)
         # storage data_ptr -> in-place writes on it: (record index, offset, shape, stride)
         self.writes: dict[int, list[tuple]] = {}
+        # storage data_ptr -> (id, weakref) of tensors and their ``.data`` aliases
+        self.data_aliases: dict[int, list[tuple]] = {}
         self.param_ids, self.buffer_ids = param_ids, buffer_ids
         self.save_all, self.save_labels = save_all, save_labels
         # [address, pass, per-call name counters (made on first use), first record, start ns,
@@ -239,8 +241,9 @@ def _inputs(args: tuple, kwargs: dict) -> list:
 
 
 def tensor_outputs(func, first: Any, out: Any) -> list[Tensor] | None:
-    """The tensors a call produced (``__setitem__``: the tensor it wrote), or None: not an op."""
-    if func is _SETITEM:
+    """The tensors a call produced (``__setitem__``, ``t.data = v``: the tensor it wrote), or
+    None: not an op."""
+    if func is _SETITEM or func == SET_DATA:
         return [first]
     if isinstance(out, Tensor):
         return [out]
@@ -367,8 +370,18 @@ class Recorder(TorchFunctionMode):
             for position, t in enumerate(out_tensors):
                 tensors[id(t)] = (index, _ref(t), t._version, position)
         if inplace:
-            s.writes.setdefault(storage_key(first), []).append(
+            key = storage_key(first)
+            s.writes.setdefault(key, []).append(
                 (index, first.storage_offset(), tuple(first.shape), first.stride()))
+            for other, other_ref in s.data_aliases.get(key, ()) if s.data_aliases else ():
+                # ``t.data`` has a version counter of its own: a write through it (or into
+                # ``t`` under it) leaves the other's counter as it was, so re-route it here
+                t = other_ref()
+                if t is not None and t is not first:
+                    tensors[other] = (index, other_ref, t._version, 0)
+        if name == "data" and first is not None:  # ``t.data``: ``t`` and it share memory
+            s.data_aliases.setdefault(storage_key(main), []).extend(
+                ((id(first), _ref(first)), (id(main), ref)))
         if kwargs and kwargs.get("out") is not None:  # written through out=: a write too
             for t in out_tensors or [main]:
                 s.writes.setdefault(storage_key(t), []).append(
