@@ -664,3 +664,19 @@ def test_writes_through_data_reach_the_readers_and_keep_saved_values():
     assert trace["add_2"].parents == ["add_1", "set_data_1"]
     assert torch.equal(trace["mul_2"].out, x * 3)
     assert torch.equal(trace["set_data_1"].out, torch.full((2, 3), 7.0))
+
+
+def test_a_deep_copy_in_the_forward_is_an_op():
+    """``copy.deepcopy(t)`` returns a new tensor made from ``t``: an op between them."""
+    import copy
+
+    class Copies(nn.Module):
+        def forward(self, x):
+            return copy.deepcopy(x + 1) * 2
+
+    x = torch.randn(3)
+    trace = tl.trace(Copies(), x)
+    assert [(op.label, op.parents) for op in trace] == [
+        ("input_1", []), ("add_1", ["input_1"]), ("deepcopy_1", ["add_1"]),
+        ("mul_1", ["deepcopy_1"]), ("output_1", ["mul_1"])]
+    assert torch.equal(trace["deepcopy_1"].out, x + 1)

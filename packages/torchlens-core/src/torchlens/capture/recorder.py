@@ -33,7 +33,7 @@ _PASSTHROUGH = {
     Tensor.__float__, Tensor.__index__, Tensor.is_contiguous, Tensor.data_ptr,
     Tensor.element_size, Tensor.is_floating_point, Tensor.is_complex, Tensor.__hash__,
     Tensor.get_device, Tensor.nelement, Tensor.ndimension, Tensor.untyped_storage,
-    Tensor.storage_offset, Tensor.__reduce_ex__, Tensor.__deepcopy__, Tensor.__dlpack__,
+    Tensor.storage_offset, Tensor.__reduce_ex__, Tensor.__dlpack__,
     Tensor.shape.__get__, Tensor.dtype.__get__, Tensor.device.__get__, Tensor.ndim.__get__,
     Tensor.is_cuda.__get__, Tensor.requires_grad.__get__, Tensor.grad_fn.__get__,
     Tensor.is_leaf.__get__, Tensor.layout.__get__,
