@@ -318,7 +318,8 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
         "train_mode_batchnorm": train_bn,
         "op_time": time_kind(set(map(itemgetter(R_DEVICE), state.records))),
     }
-    state.tensors = state.writes = state.held = state.shapes = None  # the recorder's working sets
+    # the recorder's working sets
+    state.tensors = state.writes = state.data_aliases = state.held = state.shapes = None
     modules = {address: type(module).__name__ for address, module in inv.modules if address}
     built = functools.partial(_objects, state, calls, modules, [name for name, _ in inv.params],
                               param_facts, buffer_facts, inv.aliases, homes or {})
