@@ -298,19 +298,20 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies:
              receipt: dict[str, list[str]]) -> None:
     """Put back training flags, swapped-out parameter and buffer objects, parameters'
     ``requires_grad`` (the last item of each of ``params``) and written buffers (their values
-    before: ``copies``), naming in ``receipt`` what the body had changed."""
-    receipt["restored_flags"] = [name or type(model).__name__ for name, module, flag in flags
-                                 if module.training]
+    before: ``copies``), naming in ``receipt`` what the body had changed (added to what an
+    earlier restore of the same block named)."""
+    _name(receipt, "restored_flags", [name or type(model).__name__ for name, module, flag in flags
+                                      if module.training])
     for _, module, flag in flags:
         if module.training is not flag:  # nn.Module's setattr is slow: only what changed
             module.training = flag
-    receipt["replaced"] = [name for name, module, local, t, _ in params
-                           if _put_back(module, "_parameters", local, t)]
-    receipt["restored_requires_grad"] = [name for name, _, _, t, wanted in params
-                                         if t.requires_grad is not wanted]
-    for _, _, _, t, wanted in params:
-        if t.requires_grad is not wanted:
-            t.requires_grad_(wanted)
+    _name(receipt, "replaced", [name for name, module, local, t, _ in params
+                                if _put_back(module, "_parameters", local, t)])
+    flipped = [(name, t, wanted) for name, _, _, t, wanted in params
+               if t.requires_grad is not wanted]
+    for _, t, wanted in flipped:
+        t.requires_grad_(wanted)
+    _name(receipt, "restored_requires_grad", [name for name, _, _ in flipped])
     restored = {name for name, module, local, t in buffers
                 if _put_back(module, "_buffers", local, t)}
     same: set[str] = set()  # buffers that now hold exactly their bytes from before
@@ -328,8 +329,12 @@ def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies:
                     live.copy_(piece)
                     restored.add(name)
                 same.add(name)
-    receipt["restored_buffers"] = [slot[0] for slot in buffers if slot[0] in restored]
-    receipt["same_bytes"] = list(same)
+    _name(receipt, "restored_buffers", [slot[0] for slot in buffers if slot[0] in restored])
+    _name(receipt, "same_bytes", list(same))
+
+
+def _name(receipt: dict[str, list[str]], key: str, names: list[str]) -> None:
+    receipt[key] = list(dict.fromkeys([*receipt.get(key, ()), *names]))
 
 
 _locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its pinned lock
@@ -393,7 +398,6 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
         yield box
 
 
-
 @contextlib.contextmanager
 def _pinned(model: nn.Module, surface: str, grad: bool = False,
            inv: Inventory | None = None) -> Iterator[dict[str, Any]]:
@@ -419,16 +423,11 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     devices = list(range(torch.cuda.device_count())) if cuda else []
     error: BaseException | None = None
-    early: dict[str, set[str]] = {"restored_buffers": set(), "replaced": set(),
-                                  "restored_requires_grad": set()}
 
     def reset() -> None:
         """Undo what an uncaptured forward of the block did (a warm-up), so the capture after
         it sees the state the caller left; what it undid still goes on the receipt."""
-        done: dict[str, list[str]] = {}
-        _restore(model, flags, params, buffer_slots, copies, done)
-        for key, names in early.items():
-            names.update(done[key])
+        _restore(model, flags, params, buffer_slots, copies, undone)
         if any(flag for _, _, flag in flags):
             model.eval()
 
@@ -442,11 +441,6 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
             finally:
                 watching.remove(seen)
                 _restore(model, flags, params, buffer_slots, copies, undone)
-                for key, names in early.items():
-                    if names:  # in slot order, as ``_restore`` names them
-                        names.update(undone[key])
-                        slots = buffer_slots if key == "restored_buffers" else params
-                        undone[key] = [slot[0] for slot in slots if slot[0] in names]
     except BaseException as exc:
         error = exc
         raise
