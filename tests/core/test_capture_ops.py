@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -165,6 +166,55 @@ def test_nested_outputs_rebuilt():
     assert set(out) == set(expected)
     assert isinstance(out["aux"], tuple) and torch.equal(out["aux"][1], expected["aux"][1])
     assert [op.slot for op in trace.outputs][0] == "['logits']"
+
+
+@dataclasses.dataclass
+class _Pair:
+    y: torch.Tensor
+    z: torch.Tensor
+    n: int = 3
+
+
+class _PairHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.l(x)
+        return _Pair(h.relu(), h.sigmoid())
+
+
+class _ReturnsPairs(nn.Module):
+    """A submodule and the model both return a plain dataclass of tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.head, self.fc = _PairHead(), nn.Linear(4, 2)
+
+    def forward(self, x):
+        p = self.head(x)
+        return _Pair(self.fc(p.y + p.z), p.z)
+
+
+def test_dataclass_outputs_are_walked_like_mappings(tmp_path):
+    model, x = _ReturnsPairs(), torch.randn(2, 4)
+    trace = tl.trace(model, x)
+    with torch.no_grad():
+        expected, inner = model(x), model.head(x)
+    assert [op.slot for op in trace.outputs] == [".y", ".z"]
+    assert trace["output_2"].parents == ["sigmoid_1"]
+    out = trace.output
+    assert set(out) == {"y", "z", "n"} and out["n"] == 3
+    assert torch.equal(out["y"], expected.y) and torch.equal(out["z"], expected.z)
+    head = trace["head"].calls[0]
+    assert head.output_ops == ["relu_1", "sigmoid_1"]
+    assert torch.equal(head.out[1], expected.z)
+    (kept,) = tl.record(model, [x], save=["head"])["head"]  # one input: one kept value
+    assert torch.equal(kept[0], inner.y) and torch.equal(kept[1], expected.z)
+    assert tl.validation.validate_backward_pass(model, x).passed
+    trace.save(tmp_path / "t.tl")
+    assert tl.load(tmp_path / "t.tl").output_structure == trace.output_structure
 
 
 def test_shared_parameters_counted_once():

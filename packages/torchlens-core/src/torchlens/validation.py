@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .capture.boundaries import leaves as tensors_in
 from .capture.engine import capture
 from .capture.policy import pinned
 from .errors import TorchLensError
@@ -155,7 +156,7 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape:
     gradient with ``torch.autograd.grad`` on the live forward."""
     trace = _capture(model, x, input_shape, "validation", True, resolve_options)
     live, calls = trace._replay["live"], trace._replay["calls"]
-    outputs = [t for t in _flat(trace._replay["output"]) if t.requires_grad
+    outputs = [t for t in tensors_in(trace._replay["output"], []) if t.requires_grad
                and (t.is_floating_point() or t.is_complex())]
     if not outputs:
         raise TorchLensError(
@@ -203,16 +204,6 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape:
                             "reason": None if ok else "gradient differs from autograd",
                             "max_abs_err": _err(got, ref)})
     return report
-
-
-def _flat(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if hasattr(value, "values") and callable(value.values):
-        return [t for v in value.values() for t in _flat(v)]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flat(v)]
-    return []
 
 
 def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], torch.Tensor]:

@@ -14,6 +14,7 @@ passes straight through, also one that entered a wrapper before its capture ende
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from functools import partial
@@ -37,7 +38,8 @@ _CALLERS = frozenset({_call := torch.nn.Module._call_impl.__code__,
 
 
 def leaves(value: Any, found: list, depth: int = 0) -> list:
-    """Every tensor in nested tuples, lists and mappings (appended to ``found``, returned)."""
+    """Every tensor in nested tuples, lists, mappings and dataclasses (appended to ``found``,
+    returned)."""
     if isinstance(value, torch.Tensor):
         found.append(value)
     elif depth > 6:
@@ -48,7 +50,17 @@ def leaves(value: Any, found: list, depth: int = 0) -> list:
     elif isinstance(value, (tuple, list)):
         for item in value:
             leaves(item, found, depth + 1)
+    elif (items := fields_of(value)) is not None:
+        for _, item in items:
+            leaves(item, found, depth + 1)
     return found
+
+
+def fields_of(value: Any) -> list[tuple[str, Any]] | None:
+    """A dataclass instance's (field name, value) pairs; None for anything else."""
+    if not hasattr(type(value), "__dataclass_fields__") or isinstance(value, type):
+        return None
+    return [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
 
 
 class _Unwrap:

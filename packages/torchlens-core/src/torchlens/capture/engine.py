@@ -24,8 +24,8 @@ from .. import __version__ as _tl_version
 from ..collector import paused
 from ..errors import InputError, InputTypeError, warn
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
+from .boundaries import fields_of, leaves
 from .boundaries import install as install_boundaries
-from .boundaries import leaves
 from .compiled import eager
 from .cow import Held, storage_key
 from .flops import flops_of, flops_of_weight
@@ -275,6 +275,10 @@ def _output_node(state: CaptureState, value: Any, path: str, depth: int, counter
                 "cls": type(value).__name__,
                 "items": [_output_node(state, v, f"{path}[{i}]", depth + 1, counter)
                           for i, v in enumerate(value)]}
+    if depth < 8 and (items := fields_of(value)) is not None:  # a dataclass: its fields
+        return {"type": "dict", "cls": type(value).__name__, "keys": [k for k, _ in items],
+                "items": [_output_node(state, v, f"{path}.{k}", depth + 1, counter)
+                          for k, v in items]}
     node = {"type": "value", "cls": type(value).__name__, "repr": repr(value)[:200]}
     if value is None or isinstance(value, _PLAIN):
         node["value"] = value  # JSON-safe: saved as it is
