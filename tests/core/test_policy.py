@@ -212,6 +212,29 @@ def test_a_forward_that_flips_requires_grad_is_restored_and_named():
     assert "requires_grad" in receipt.undone
 
 
+def test_hooks_a_forward_registers_or_removes_are_put_back_and_named():
+    """A forward that registers a forward hook, and a one-shot pre-hook that removes itself:
+    after the summary the hook tables are as they were, also between the warm-up and the
+    capture (each forward ran with exactly one forward hook)."""
+
+    class Hooking(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.seen = nn.Linear(4, 4), []
+            self.once = self.fc.register_forward_pre_hook(lambda m, a: self.once.remove())
+
+        def forward(self, x):
+            self.fc.register_forward_hook(lambda m, a, o: self.seen.append(o.shape))
+            return self.fc(x)
+
+    model = Hooking()
+    pre_hooks = dict(model.fc._forward_pre_hooks)
+    receipt = tl.summary(model, torch.randn(2, 4)).receipt
+    assert dict(model.fc._forward_pre_hooks) == pre_hooks and not model.fc._forward_hooks
+    assert len(model.seen) == 2  # the warm-up's hook and the capture's, one each
+    assert receipt.verified and receipt.restored_hooks == ["fc"] and "hooks" in receipt.undone
+
+
 def test_two_threads_summarizing_one_model_leave_it_as_it_was():
     """Pinned blocks on one model run one at a time: overlapping ones restored each other's
     snapshots, leaving the model in eval mode and a buffer written."""

@@ -1,12 +1,12 @@
 """Execution policy of the pinned surfaces: eval + no-grad, forked RNG, compiled code run eagerly,
 restored state, a receipt.
 
-``pinned(model)`` snapshots every module's ``training`` flag, the RNG streams (CPU and CUDA), every
-buffer, and each parameter and buffer slot's tensor object, storage and version counter; runs the
-body in eval + no-grad; then restores and checks them, with the in-place writes the capture saw
-(``note_writes``). The receipt says what was pinned and restored, names what the body changed,
-and whether the state verifies. No tensor's bytes are re-read, so the check costs the same on a
-7B model as on a small one (``Receipt.algorithm`` says what that leaves unseen).
+``pinned(model)`` snapshots every module's ``training`` flag and hook tables, the RNG streams (CPU
+and CUDA), every buffer, and each parameter and buffer slot's tensor object, storage and version
+counter; runs the body in eval + no-grad; then restores and checks them, with the in-place writes
+the capture saw (``note_writes``). The receipt says what was pinned and restored, names what the
+body changed, and whether the state verifies. No tensor's bytes are re-read, so the check costs the
+same on a 7B model as on a small one (``Receipt.algorithm`` says what that leaves unseen).
 ``state_fingerprints``/``state_hash`` digest the bytes themselves (wrapping row and column sums
 of each tensor's words, one read of memory): a model fingerprint for stores and baselines.
 ``warm_up`` runs one uncaptured forward inside the pinning the first time a model is timed on
@@ -61,6 +61,7 @@ class Receipt:
     restored_buffers: list[str] = field(default_factory=list)  # the body wrote them; put back
     restored_flags: list[str] = field(default_factory=list)  # modules the body set to training
     restored_requires_grad: list[str] = field(default_factory=list)  # parameters it flipped
+    restored_hooks: list[str] = field(default_factory=list)  # modules it (un)registered hooks on
     replaced: list[str] = field(default_factory=list)  # parameters the body swapped for new ones
     changed: list[str] = field(default_factory=list)  # tensors that differ after the restore
 
@@ -91,6 +92,9 @@ class Receipt:
         if self.restored_requires_grad:
             parts.append("requires_grad flags the forward changed on parameters "
                          f"{_names(self.restored_requires_grad)}")
+        if self.restored_hooks:
+            parts.append("hooks the forward registered or removed on modules "
+                         f"{_names(self.restored_hooks)}")
         return "restored " + " and ".join(parts) if parts else ""
 
     def __repr__(self) -> str:
@@ -225,6 +229,34 @@ def _slots(modules: list[tuple[str, nn.Module]], skip: set[str] | dict[str, str]
     return params, buffers
 
 
+# a module's hook tables: a forward that registers hooks (or removes its own) changes the model
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+                "_backward_pre_hooks", "_backward_hooks", "_state_dict_pre_hooks",
+                "_state_dict_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def _hooks(modules: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module, dict]]:
+    """(name, module, copies of its non-empty hook tables) of every module."""
+    return [(name, m, {t: dict(table) for t in _HOOK_TABLES if (table := m.__dict__.get(t))})
+            for name, m in modules]
+
+
+def _restore_hooks(hooks: list[tuple[str, nn.Module, dict]]) -> list[str]:
+    """Put each module's hook tables back to their copies; the modules whose tables differed."""
+    changed = []
+    for name, module, before in hooks:
+        attrs = module.__dict__
+        for t in _HOOK_TABLES:
+            table = attrs.get(t)
+            if table is not None and table.keys() != before.get(t, {}).keys():
+                table.clear()
+                table.update(before.get(t, {}))
+                if not changed or changed[-1] != name:
+                    changed.append(name)
+    return changed
+
+
 def _put_back(module: nn.Module, table: str, local: str, original: torch.Tensor) -> bool:
     """Return ``original`` to its slot if the body swapped it for another object; True if it
     did."""
@@ -294,14 +326,16 @@ def _unchanged(slots: list[tuple], shapes: list, flat: torch.Tensor) -> bool:
     return torch.equal(_flat(slots).view(torch.uint8), flat.view(torch.uint8))
 
 
-def _restore(model: nn.Module, flags: list, params: list, buffers: list, copies: list,
-             receipt: dict[str, list[str]]) -> None:
-    """Put back training flags, swapped-out parameter and buffer objects, parameters'
-    ``requires_grad`` (the last item of each of ``params``) and written buffers (their values
-    before: ``copies``), naming in ``receipt`` what the body had changed (added to what an
-    earlier restore of the same block named)."""
+def _restore(model: nn.Module, flags: list, hooks: list, params: list, buffers: list,
+             copies: list, receipt: dict[str, list[str]]) -> None:
+    """Put back training flags, hook tables, swapped-out parameter and buffer objects,
+    parameters' ``requires_grad`` (the last item of each of ``params``) and written buffers
+    (their values before: ``copies``), naming in ``receipt`` what the body had changed (added
+    to what an earlier restore of the same block named)."""
     _name(receipt, "restored_flags", [name or type(model).__name__ for name, module, flag in flags
                                       if module.training])
+    _name(receipt, "restored_hooks", [name or type(model).__name__
+                                      for name in _restore_hooks(hooks)])
     for _, module, flag in flags:
         if module.training is not flag:  # nn.Module's setattr is slow: only what changed
             module.training = flag
@@ -385,14 +419,14 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     code run eagerly (a warm-up or probe forward compiles nothing); restore and verify afterwards.
 
     Yields a dict that receives ``receipt`` (a Receipt) when the block exits, also on error.
-    Buffers the body writes or swaps, and flags it sets, are put back and named on the receipt;
-    a parameter it writes (its version counter moved, or a capture saw a write land in its
-    storage) or swaps for a new object fails the check (``state_restore_failed``, naming it),
-    a swapped one after its original object is put back. No tensor's bytes are re-read: the
-    cost does not grow with the model's size beyond the buffers' copies. ``inv``: the model's
-    inventory, when the caller just took it. Pinned blocks on one model from several threads
-    run one at a time: each restores what it found, so overlapping ones would restore each
-    other's changes.
+    Buffers the body writes or swaps, flags it sets and module hooks it registers or removes
+    are put back and named on the receipt; a parameter it writes (its version counter moved,
+    or a capture saw a write land in its storage) or swaps for a new object fails the check
+    (``state_restore_failed``, naming it), a swapped one after its original object is put
+    back. No tensor's bytes are re-read: the cost does not grow with the model's size beyond
+    the buffers' copies. ``inv``: the model's inventory, when the caller just took it. Pinned
+    blocks on one model from several threads run one at a time: each restores what it found,
+    so overlapping ones would restore each other's changes.
     """
     with _lock_of(model), _pinned(model, surface, grad, inv) as box:
         yield box
@@ -410,6 +444,7 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     homes_before = homes(model, offload) if offload else {}
     skip = {**lazy_before, **homes_before}
     flags = [(name, m, m.training) for name, m in modules]
+    hooks = _hooks(modules)
     params, buffer_slots = _slots(modules, skip)
     params = [(*slot, slot[3].requires_grad) for slot in params]
     copies = _copy_buffers(buffer_slots)
@@ -427,7 +462,7 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     def reset() -> None:
         """Undo what an uncaptured forward of the block did (a warm-up), so the capture after
         it sees the state the caller left; what it undid still goes on the receipt."""
-        _restore(model, flags, params, buffer_slots, copies, undone)
+        _restore(model, flags, hooks, params, buffer_slots, copies, undone)
         if any(flag for _, _, flag in flags):
             model.eval()
 
@@ -440,7 +475,7 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
                 yield box
             finally:
                 watching.remove(seen)
-                _restore(model, flags, params, buffer_slots, copies, undone)
+                _restore(model, flags, hooks, params, buffer_slots, copies, undone)
     except BaseException as exc:
         error = exc
         raise
@@ -471,13 +506,14 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
             verified=not changed and flags_back and homes_back and not replaced,
             pinned={"mode": "eval", "grad": "enabled" if grad else "disabled", "surface": surface,
                     "rng": "forked (cpu" + (", cuda" if devices else "") + ")"},
-            restored=["training flags", "rng state", "buffers"],
+            restored=["training flags", "rng state", "buffers", "hooks"],
             materialized=materialized,
             no_values=len({id(t) for _, _, _, t in slots_after if t.is_meta}),
             offloaded=len(homes_before),
             restored_buffers=undone.get("restored_buffers", []),
             restored_flags=undone.get("restored_flags", []),
-            restored_requires_grad=requires_grad, replaced=replaced, changed=changed,
+            restored_requires_grad=requires_grad, restored_hooks=undone.get("restored_hooks", []),
+            replaced=replaced, changed=changed,
         )
         box["receipt"] = receipt
         if not receipt.verified and error is None:
