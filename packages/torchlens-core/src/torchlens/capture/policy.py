@@ -229,29 +229,37 @@ def _slots(modules: list[tuple[str, nn.Module]], skip: set[str] | dict[str, str]
     return params, buffers
 
 
-# a module's hook tables: a forward that registers hooks (or removes its own) changes the model
-_HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
-                "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
-                "_backward_pre_hooks", "_backward_hooks", "_state_dict_pre_hooks",
-                "_state_dict_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+# a module's hook tables (torch's fast path checks the first four; the rest are keyed by the
+# same handles): a forward that registers hooks, or removes its own, changes the model
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
+                "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                "_forward_hooks_always_called")
 
 
-def _hooks(modules: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module, dict]]:
-    """(name, module, copies of its non-empty hook tables) of every module."""
-    return [(name, m, {t: dict(table) for t in _HOOK_TABLES if (table := m.__dict__.get(t))})
-            for name, m in modules]
+def _has_hooks(attrs: dict) -> bool:
+    get = attrs.get
+    return bool(get("_forward_hooks") or get("_forward_pre_hooks") or get("_backward_hooks")
+                or get("_backward_pre_hooks"))
 
 
-def _restore_hooks(hooks: list[tuple[str, nn.Module, dict]]) -> list[str]:
+def _hooks(modules: list[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module, dict | None]]:
+    """(name, module, copies of its hook tables, or None when it has no hooks) of each module."""
+    return [(name, m, {t: dict(attrs[t]) for t in _HOOK_TABLES if t in attrs}
+             if _has_hooks(attrs := m.__dict__) else None) for name, m in modules]
+
+
+def _restore_hooks(hooks: list[tuple[str, nn.Module, dict | None]]) -> list[str]:
     """Put each module's hook tables back to their copies; the modules whose tables differed."""
     changed = []
     for name, module, before in hooks:
         attrs = module.__dict__
+        if before is None and not _has_hooks(attrs):
+            continue
         for t in _HOOK_TABLES:
-            table = attrs.get(t)
-            if table is not None and table.keys() != before.get(t, {}).keys():
+            table, was = attrs.get(t), (before or {}).get(t, {})
+            if table is not None and table.keys() != was.keys():
                 table.clear()
-                table.update(before.get(t, {}))
+                table.update(was)
                 if not changed or changed[-1] != name:
                     changed.append(name)
     return changed
@@ -444,7 +452,7 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     homes_before = homes(model, offload) if offload else {}
     skip = {**lazy_before, **homes_before}
     flags = [(name, m, m.training) for name, m in modules]
-    hooks = _hooks(modules)
+    hooks = _hooks(inv.modules)
     params, buffer_slots = _slots(modules, skip)
     params = [(*slot, slot[3].requires_grad) for slot in params]
     copies = _copy_buffers(buffer_slots)
