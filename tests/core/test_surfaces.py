@@ -61,6 +61,21 @@ def test_record_progress_bar_switch(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("case", ["dict_output", "multi_positional", "inplace"])
+def test_record_keeps_inputs_and_outputs_by_their_trace_labels(case):
+    """``input_N``/``output_N`` select what the full trace's input and output nodes hold."""
+    model, x = PURE_CASES[case].build()
+    full = tl.trace(model, x)
+    labels = [op.label for op in full.inputs + full.outputs]
+    rec = tl.record(model, x, save=labels, progress=False)
+    assert rec.labels == labels
+    for label in labels:
+        assert torch.equal(rec[label], full[label].out), label
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.record(model, x, save=[f"output_{len(full.outputs) + 1}"], progress=False)
+    assert err.value.code == "save_selection_invalid"
+
+
 def test_record_refuses_unknown_selection():
     model, x = PURE_CASES["mlp"].build()
     with pytest.raises(tl.TorchLensError) as err:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -198,22 +199,39 @@ def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str
 def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[str, Any]:
     modules = inv.modules
     _, save_labels, save_modules = parse_save(list(save), model, inv)
+    ends = {label for label in save_labels if _END_LABEL.fullmatch(label)}  # input_1, output_2
+    save_labels -= ends
     state = CaptureState({}, {}, False, save_labels)
     state.light = {}
     if keep is not None:
         state.keep = keep
+    if ends:  # numbered as the full trace numbers them, the inputs before the forward runs
+        _keep_ends(state, "input", [t for v in (*args, *kwargs.values()) for t in leaves(v, [])],
+                   ends)
     handles = install_boundaries(modules, state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
         # module addresses alone need no per-op mode: their frames see the outputs
         counting = LightRecorder(state) if save_labels else contextlib.nullcontext()
         with quiet_hooks(model, inv.hooked, state), eager(), counting:
-            model(*args, **kwargs)
+            out = model(*args, **kwargs)
+        if ends:
+            _keep_ends(state, "output", leaves(out, []), ends)
     finally:
         _active.depth -= 1
         for h in handles:
             h.remove()
     return state.light
+
+
+_END_LABEL = re.compile(r"(input|output)_\d+")
+
+
+def _keep_ends(state: CaptureState, kind: str, tensors: list, labels: set[str]) -> None:
+    """Keep the selected ones of the forward's input or output tensors (``input_1``, ...)."""
+    for n, t in enumerate(tensors, 1):
+        if f"{kind}_{n}" in labels:
+            state.light[f"{kind}_{n}"] = state.keep(f"{kind}_{n}", t)
 
 
 def _stack(frame: list, stacks: dict[int, list[str]]) -> list[str]:
