@@ -539,9 +539,13 @@ def _mismatch(surface: str, r: Receipt) -> str:
         what.append(f"it replaced parameters {_names(r.replaced)} with new tensor objects "
                     "(the originals are put back)")
     if r.changed:
-        what.append(f"tensors {_names(r.changed)} differ after the restore (state hash "
-                    f"{r.hash_before[:12]} -> {r.hash_after[:12]}): the forward mutated state "
-                    "that TorchLens does not restore (e.g. an in-place write to a parameter)")
+        how = (f"state hash {r.hash_before[:12]} -> {r.hash_after[:12]}"
+               if r.hash_before != r.hash_after else
+               "an in-place write the capture saw landed in their storage, through an alias "
+               "with a version counter of its own such as .data")
+        what.append(f"tensors {_names(r.changed)} differ after the restore ({how}): the forward "
+                    "mutated state that TorchLens does not restore (e.g. an in-place write to a "
+                    "parameter)")
     if not what:
         what.append("training flags or offloaded tensors' homes did not come back")
     return f"{surface}: the model's state differs after the pinned capture: " + "; ".join(what)
