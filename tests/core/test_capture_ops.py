@@ -6,6 +6,7 @@ import dataclasses
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -539,6 +540,44 @@ def test_saving_a_module_adds_no_ops_of_its_own():
     assert [op.label for op in by_module] == [op.label for op in tl.trace(model, x, save="all")]
     assert [op.func for op in by_module] == ["input", "linear", "relu", "linear", "output"]
     assert torch.equal(by_module["0"].out, torch.relu(model[0][0](x)))
+
+
+def _scripted(module: nn.Module) -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.script is deprecated
+        return torch.jit.script(module)
+
+
+def test_a_torchscript_model_is_refused_and_a_scripted_submodule_warned_about():
+    """TorchScript runs its ops where no mode sees them: a scripted model would give a trace
+    without ops, so every surface refuses it; a scripted submodule is named in a warning, and
+    the pinned surfaces still restore and verify the model around it."""
+    x = torch.randn(2, 4)
+    scripted = _scripted(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    for surface in (tl.trace, tl.summary, tl.draw):
+        with pytest.raises(tl.TorchLensError) as err:
+            surface(scripted, x)
+        assert err.value.code == "scripted_model" and "torch.jit.script" in err.value.teach[0]
+    with pytest.raises(tl.TorchLensError, match="scripted_model"):
+        tl.record(scripted, [x], save=["linear_1"], progress=False)
+
+    class Partly(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.c = nn.Linear(4, 4), nn.Linear(4, 2)
+            self.b = _scripted(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+
+        def forward(self, x):
+            return self.c(self.b(self.a(x)) + 1)
+
+    model = Partly()
+    with pytest.warns(tl.TorchLensWarning, match="scripted_submodule") as caught:
+        trace = tl.trace(model, x)
+    assert "['b']" in str(caught[0].message) and caught[0].filename == __file__
+    assert [op.func for op in trace if op.kind == "op"] == ["linear", "add", "linear"]
+    with pytest.warns(tl.TorchLensWarning, match="scripted_submodule"):
+        receipt = tl.summary(model, x).receipt
+    assert receipt.verified
 
 
 def test_a_compiled_model_is_traced_through_its_original_modules():

@@ -29,6 +29,8 @@ CODES: dict[str, str] = {
     "save_selection_invalid": "save= named labels or modules that do not exist",
     "model_invalid": "the model argument is not a torch.nn.Module",
     "model_unavailable": "trace.run on a trace that holds no model (e.g. a loaded one)",
+    "scripted_model": "the model is a TorchScript module, whose ops run where no mode sees them",
+    "scripted_submodule": "warning: a TorchScript submodule's ops are not in the trace",
     "no_differentiable_output": "validate_backward_pass on a model whose output needs no grad",
     "option_invalid": "a keyword option has a value TorchLens cannot use",
     "dependency_missing": "an optional package a method needs (e.g. pandas) is not installed",
@@ -130,7 +132,14 @@ class TorchLensWarning(UserWarning):
         super().__init__(f"{code}: {message}")
 
 
-def warn(code: str, message: str, stacklevel: int = 2) -> None:
+def warn(code: str, message: str, stacklevel: int | None = 2) -> None:
     """Emit a TorchLensWarning whose message starts with ``code``; stacklevel counts from the
-    caller of ``warn`` (2 = that caller's caller)."""
+    caller of ``warn`` (2 = that caller's caller); None: the first caller outside TorchLens."""
+    if stacklevel is None:
+        import sys
+
+        frame, stacklevel = sys._getframe(1), 1
+        while frame.f_back is not None and \
+                frame.f_globals.get("__name__", "").partition(".")[0] == "torchlens":
+            frame, stacklevel = frame.f_back, stacklevel + 1
     warnings.warn(TorchLensWarning(code, message), stacklevel=stacklevel + 1)

@@ -15,7 +15,7 @@ from .capture.engine import capture, capturing, parse_save, saves_nothing
 from .capture.inventory import Inventory, inventory
 from .capture.meta import check_inputs, refuse_values
 from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash, warm_up
-from .errors import CaptureError, InputError, StateError, warn
+from .errors import CaptureError, InputError, InputTypeError, StateError, warn
 from .ladder import ABSENT, Resolution, forward_errors, resolve
 from .ladder.budget import check_save_budget
 from .storage import load_trace
@@ -32,8 +32,6 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
     """Refusals that need no forward: not a module, nested capture, pending lazy state.
     Returns the model's inventory, for a capture that follows with no forward in between."""
     if not isinstance(model, nn.Module):
-        from .errors import InputTypeError
-
         raise InputTypeError(f"tl.{surface} takes a torch.nn.Module, got {type(model).__name__}",
                              code="model_invalid", teach=[f"tl.{surface}(model, x)"])
     if capturing():
@@ -43,6 +41,8 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
             teach=["call it outside the model's forward",
                    "trace the outer model once and look up the inner module: trace['sub.module']"])
     inv = inventory(model)
+    if inv.scripted:
+        _refuse_scripted(inv.scripted, surface)
     lazy = inv.pending_lazy()
     buffers = [n for n, kind in lazy.items() if kind == "buffer"]
     if buffers:
@@ -57,6 +57,21 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
             code="lazy_uninitialized",
             teach=LAZY_TEACH + [f"tl.{surface}(model, x)  # or pass the real input now"])
     return inv
+
+
+def _refuse_scripted(scripted: list[str], surface: str) -> None:
+    """TorchScript runs its ops in its own interpreter, where no torch function mode sees them:
+    a scripted model is refused, a scripted submodule is warned about."""
+    if scripted[0] == "":
+        raise InputTypeError(
+            f"tl.{surface} got a TorchScript module: its ops run in TorchScript's interpreter, "
+            "where TorchLens cannot see them", code="scripted_model",
+            teach=[f"tl.{surface}(model, x)  # the nn.Module you passed to torch.jit.script"])
+    warn("scripted_submodule",
+         f"the TorchScript submodules {scripted[:5]} run their ops where TorchLens cannot see "
+         "them: the trace shows each call without its ops, and what reads its outputs has no "
+         "edge back to it. Trace the nn.Module they were scripted from to see their ops",
+         stacklevel=None)
 
 
 def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str,

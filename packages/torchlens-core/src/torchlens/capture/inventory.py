@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torch import Tensor, nn
+from torch.jit import ScriptModule
 from torch.nn import Parameter
 from torch.nn.parameter import is_lazy
 
@@ -26,6 +27,7 @@ class Inventory:
     param_ids: dict[int, str] = field(default_factory=dict)  # id -> first name
     buffer_ids: dict[int, str] = field(default_factory=dict)  # id -> first name
     hooked: list[nn.Module] = field(default_factory=list)  # modules with an accelerate hook
+    scripted: list[str] = field(default_factory=list)  # outermost TorchScript modules
 
     def pending_lazy(self) -> dict[str, str]:
         """Names of un-materialized lazy parameters and buffers (name -> 'parameter'/'buffer')."""
@@ -66,6 +68,9 @@ def inventory(model: nn.Module) -> Inventory:
             modules.append((prefix, module))
             if attrs.get("_hf_hook") is not None:
                 inv.hooked.append(module)
+            if "_c" in attrs and isinstance(module, ScriptModule) and not any(
+                    prefix.startswith(f"{outer}.") or not outer for outer in inv.scripted):
+                inv.scripted.append(prefix)
         own, bufs = attrs["_parameters"], attrs["_buffers"]
         if not own and not bufs:
             continue

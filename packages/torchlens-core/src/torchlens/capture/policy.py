@@ -268,8 +268,8 @@ def _restore_hooks(hooks: list[tuple[str, nn.Module, dict | None]]) -> list[str]
 def _put_back(module: nn.Module, table: str, local: str, original: torch.Tensor) -> bool:
     """Return ``original`` to its slot if the body swapped it for another object; True if it
     did."""
-    slots = getattr(module, table)
-    if slots.get(local) is original:
+    slots = getattr(module, table)  # a TorchScript module's is a mapping without ``get``
+    if local in slots and slots[local] is original:
         return False
     other = "_buffers" if table == "_parameters" else "_parameters"
     if local not in getattr(module, other) and local not in module._modules:
