@@ -208,3 +208,43 @@ def test_a_selected_view_keeps_only_its_own_elements():
     all_saved = tl.trace(Slices(), torch.rand(1000, 4))
     view, base = all_saved["getitem_1"].out, all_saved["mul_1"].out
     assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+
+
+class HandsOut(nn.Module):
+    """Keeps an alias of a saved value that TorchLens cannot follow as a tensor: a view of
+    another dtype (not a view to autograd), a numpy array, a storage, a DLPack import."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.fc, self.how = nn.Linear(4, 4), how
+
+    def forward(self, x):
+        h = self.fc(x).relu()
+        if self.how == "view_dtype":
+            self.alias = h.view(torch.int32)
+        elif self.how == "numpy":
+            self.alias = h.numpy()
+        elif self.how == "array":
+            self.alias = h.__array__()
+        elif self.how == "storage":
+            self.alias = h.untyped_storage()
+        else:
+            self.alias = torch.from_dlpack(h.__dlpack__())
+        return h * 2
+
+
+@pytest.mark.parametrize("how", ["view_dtype", "numpy", "array", "storage", "dlpack"])
+def test_a_saved_value_handed_out_through_an_untracked_alias_is_copied(how):
+    """Writing through the alias after the trace leaves the saved value as the op made it."""
+    model, x = HandsOut(how), torch.randn(3, 4)
+    with torch.no_grad():
+        trace = tl.trace(model, x)
+        made = model.fc(x).relu()
+        alias = model.alias
+        if how == "storage":
+            torch.tensor([], dtype=torch.uint8).set_(alias).fill_(0)
+        elif how in ("numpy", "array"):
+            alias[...] = 0
+        else:
+            alias.zero_()
+    assert made.abs().sum() > 0 and torch.equal(trace["relu_1"].out, made)

@@ -122,6 +122,7 @@ class Held:
         self.by_storage: dict[int, list[int]] | None = None
         # index -> (version, ref, storage, may be a view)
         self.entries: dict[int, tuple[int, Any, int, bool]] = {}
+        self.escaped: set[int] = set()  # storages handed out as an array, a storage, DLPack
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -149,6 +150,13 @@ class Held:
             for index in self.by_storage.pop(storage_key(t), ()):
                 self._own(index)
 
+    def escape(self, t: Tensor) -> None:
+        """``t``'s memory was handed to what TorchLens cannot follow (``t.numpy()``): copy what
+        is held on it now, and at the end what is kept on it later."""
+        self.escaped.add(storage_key(t))
+        if self.entries:
+            self.before_write([t])
+
     def _own(self, index: int) -> None:
         self.entries.pop(index)
         with torch._C.DisableTorchFunction():
@@ -174,8 +182,8 @@ class Held:
         # a view someone else holds can write its whole storage, the base's elements included
         held_views = {entry[2] for (_, entry), alive in zip(entries, reached)
                       if alive and entry[3]}
-        if held_views:
-            protected = protected | held_views
+        if held_views or self.escaped:
+            protected = protected | held_views | self.escaped
         sharing = None  # storage -> held values on it; counted for the first view that asks
         for (index, (version, _, key, view)), alive in zip(entries, reached):
             value = values[index]

@@ -32,20 +32,25 @@ _PASSTHROUGH = {
     Tensor.__format__, Tensor.item, Tensor.tolist, Tensor.__bool__, Tensor.__int__,
     Tensor.__float__, Tensor.__index__, Tensor.is_contiguous, Tensor.data_ptr,
     Tensor.element_size, Tensor.is_floating_point, Tensor.is_complex, Tensor.__hash__,
-    Tensor.get_device, Tensor.nelement, Tensor.ndimension, Tensor.untyped_storage,
-    Tensor.storage_offset, Tensor.__reduce_ex__, Tensor.__dlpack__,
+    Tensor.get_device, Tensor.nelement, Tensor.ndimension,
+    Tensor.storage_offset, Tensor.__reduce_ex__,
     Tensor.shape.__get__, Tensor.dtype.__get__, Tensor.device.__get__, Tensor.ndim.__get__,
     Tensor.is_cuda.__get__, Tensor.requires_grad.__get__, Tensor.grad_fn.__get__,
     Tensor.is_leaf.__get__, Tensor.layout.__get__,
     Tensor.is_sparse.__get__, Tensor.is_quantized.__get__, Tensor.is_meta.__get__,
     Tensor._version.__get__, Tensor.is_nested.__get__, Tensor._base.__get__,
-    Tensor.output_nr.__get__, Tensor.__array__,
+    Tensor.output_nr.__get__,
 }
+# Calls that hand a tensor's memory to what TorchLens cannot follow (an array, a storage, a
+# DLPack capsule): values saved by reference on that memory are copied
+_ESCAPES = {Tensor.numpy, Tensor.__array__, Tensor.untyped_storage, Tensor.storage,
+            Tensor.__dlpack__}
 _SETITEM = Tensor.__setitem__
 _NONE: tuple = ()
 _EMPTY: dict = {}  # kwargs of a call without any (never written)
 # calls whose output shares its input's storage without being a view in autograd's sense
-_ALIASES = frozenset({"detach", "data", "alias", "set_"})
+# (``view(dtype)`` is not one)
+_ALIASES = frozenset({"detach", "data", "alias", "set_", "view"})
 # element types of a tuple/list argument that cannot hold a tensor (strides, paddings, sizes)
 _SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), torch.Size})
 
@@ -287,6 +292,8 @@ class Recorder(TorchFunctionMode):
         else:
             out_tensors = tensor_outputs(func, first, out)
             if out_tensors is None:
+                if func in _ESCAPES and s.held is not None and isinstance(first, Tensor):
+                    s.held.escape(first)
                 return out
             main = out_tensors[0]
             if len(out_tensors) == 1:
