@@ -60,7 +60,7 @@ def fields_of(value: Any) -> list[tuple[str, Any]] | None:
     """A dataclass instance's (field name, value) pairs; None for anything else."""
     if not hasattr(type(value), "__dataclass_fields__") or isinstance(value, type):
         return None
-    return [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    return [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value)]
 
 
 class _Unwrap:
