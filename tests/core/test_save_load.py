@@ -126,3 +126,20 @@ def test_a_saved_view_of_another_dtype_saves_and_loads(tmp_path):
     loaded = tl.load(path)
     for label in ("fft_fft_1", "real_1", "view_1", "output_1", "output_2"):
         assert torch.equal(loaded[label].out, trace[label].out), label
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass the safe loader does not know."""
+
+
+def test_values_of_a_tensor_subclass_save_as_plain_tensors_and_load(tmp_path):
+    """``tl.load`` reads with ``weights_only=True``: a trace whose saved values are of a tensor
+    subclass (a torchvision ``tv_tensors.Image`` input, say) is written as plain tensors."""
+    model, x = torch.nn.Linear(4, 4), torch.randn(2, 4).as_subclass(_Tagged)
+    trace = tl.trace(model, x)
+    assert type(trace["linear_1"].out) is _Tagged  # the trace in memory keeps the class
+    trace.save(tmp_path / "tagged.tl")
+    loaded = tl.load(tmp_path / "tagged.tl")
+    for label in ("input_1", "linear_1", "output_1"):
+        assert type(loaded[label].out) is torch.Tensor
+        assert torch.equal(loaded[label].out, trace[label].out.as_subclass(torch.Tensor))

@@ -38,9 +38,9 @@ def save_trace(trace: Any, path: str | os.PathLike, schema_version: int) -> None
             value = op._value
             if isinstance(value, tuple):
                 for j, t in enumerate(value):
-                    tensors[f"{op.index}.{j}"] = t
+                    tensors[f"{op.index}.{j}"] = _plain(t)
             else:
-                tensors[str(op.index)] = value
+                tensors[str(op.index)] = _plain(value)
     _unshare_across_dtypes(tensors)
     payload = {"format": FORMAT, "meta_json": json.dumps(_meta_of(trace, schema_version)),
                "tensors": tensors,
@@ -50,6 +50,14 @@ def save_trace(trace: Any, path: str | os.PathLike, schema_version: int) -> None
     tmp = f"{path}.tmp-{os.getpid()}"
     torch.save(payload, tmp)
     os.replace(tmp, path)
+
+
+def _plain(value: Any) -> Any:
+    """A tensor subclass's value as a plain tensor on the same memory: ``tl.load`` reads files
+    with ``weights_only=True``, which refuses classes it does not know."""
+    if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
+        return value.as_subclass(torch.Tensor)
+    return value
 
 
 def _unshare_across_dtypes(tensors: dict[str, Any]) -> None:
