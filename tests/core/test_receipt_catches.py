@@ -136,6 +136,42 @@ def test_an_in_place_write_of_equal_values_to_a_buffer_changes_nothing(one_call,
     assert not (r.restored_buffers or r.changed)
 
 
+class Clipped(nn.Module):
+    """A forward that clips its own weight in place (a WGAN critic's weight clipping) in three
+    ways; with ``limit`` above every weight, each write leaves the values as they were."""
+
+    def __init__(self, how: str, limit: float):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.how, self.limit = nn.Linear(4, 4), how, limit
+
+    def forward(self, x):
+        w = self.fc.weight
+        if self.how == "no_grad":
+            with torch.no_grad():
+                w.clamp_(-self.limit, self.limit)
+        elif self.how == "data":
+            w.data.clamp_(-self.limit, self.limit)
+        else:
+            torch.clamp(w.data, -self.limit, self.limit, out=w.data)
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("how", ["no_grad", "data", "out"])
+def test_an_in_place_write_of_equal_values_to_a_parameter_verifies(how):
+    """The bytes decide, not the version counter: a copy of a parameter is taken just before
+    its first in-place write (in the warm-up forward of the first summary too), so a write that
+    changes nothing verifies, and one that changes a value still fails naming it."""
+    model = Clipped(how, limit=10.0)
+    weight = model.fc.weight.detach().clone()
+    for _ in range(2):  # with the warm-up forward, then without
+        r = tl.summary(model, torch.rand(3, 4)).receipt
+        assert r.verified and not r.changed and torch.equal(model.fc.weight, weight)
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.summary(Clipped(how, limit=0.01), torch.rand(3, 4))
+    assert err.value.code == "state_restore_failed" and "['fc.weight']" in str(err.value)
+
+
 def test_a_buffer_given_data_of_another_dtype_fails_naming_it():
     with pytest.raises(tl.TorchLensError) as err:
         tl.summary(Buffers("dtype"), torch.rand(3))

@@ -33,7 +33,7 @@ from .flops import flops_of, flops_of_weight
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
 from .offload import homes, quiet_hooks
-from .policy import note_writes
+from .policy import note_writes, write_guard
 from .recorder import R_DEVICE, R_LABEL, R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
 
 _active = threading.local()
@@ -90,6 +90,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     state = CaptureState(inv.param_ids, inv.buffer_ids, save_all, save_labels)
     state.keep_outputs = not saves_nothing(save)
     state.model = model
+    state.guard = write_guard()  # inside a pinned block: parameters copied before a write
     if replay:
         state.calls, state.live = {}, {}
     elif save_all or save_labels:

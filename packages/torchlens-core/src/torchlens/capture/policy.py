@@ -29,10 +29,11 @@ import torch
 from torch import nn
 from torch.nn import Parameter
 from torch.nn.parameter import is_lazy
+from torch.overrides import TorchFunctionMode
 
 from ..errors import StateError
 from .compiled import eager
-from .cow import storage_key
+from .cow import may_write, storage_key, written_by
 from .inventory import Inventory, inventory, module_paths
 from .meta import is_meta
 from .offload import homes
@@ -54,8 +55,10 @@ class Receipt:
         "same version counter (every in-place torch op moves it), no in-place write the capture "
         "saw landed in a parameter's storage (this catches writes through .data, whose alias "
         "has its own counter), every buffer equals its copy byte for byte (and is restored "
-        "when written). Bytes are not re-read, so a write no torch op makes (through a numpy "
-        "view, raw pointers in an extension) is not seen")
+        "when written); a parameter written in place counts as changed unless it equals, byte "
+        "for byte, the copy taken just before the block's first write to it. Other bytes are "
+        "not re-read, so a write no torch op makes (through a numpy view, raw pointers in an "
+        "extension) is not seen")
     no_values: int = 0  # meta tensors: shape, dtype and device verified, no bytes to hash
     offloaded: int = 0  # tensors accelerate keeps on cpu/disk between forwards: homes verified
     restored_buffers: list[str] = field(default_factory=list)  # the body wrote them; put back
@@ -391,14 +394,64 @@ def _lock_of(model: nn.Module) -> threading.RLock:
         return lock
 
 
-_watching = threading.local()  # per thread: the write sets of the open pinned blocks
+class _Watch:
+    """What a pinned block learns of its forwards' in-place writes: the storages a capture saw
+    written, and a copy of each parameter taken just before its first write (so a write of equal
+    values verifies: the bytes, not the version counter, decide)."""
+
+    def __init__(self, params: list[tuple]):
+        self.seen: set[int] = set()
+        self.params = {storage_key(t): (name, t) for name, _, _, t, _ in params}
+        self.copies: dict[str, torch.Tensor] = {}
+
+    def before_write(self, targets: list[torch.Tensor]) -> None:
+        for t in targets:
+            name, param = self.params.get(storage_key(t), (None, None))
+            if name is not None and name not in self.copies:
+                with torch._C.DisableTorchFunction():
+                    self.copies[name] = param.detach().clone()
+
+    def equal_writes(self) -> set[str]:
+        """The written parameters that hold their bytes from before the write."""
+        return {name for name, param in self.params.values()
+                if name in self.copies and _same_bits(param, self.copies[name])}
+
+
+_watching = threading.local()  # per thread: the watches of the open pinned blocks
 
 
 def note_writes(storages: Iterable[int]) -> None:
     """A capture reports the storages its recorder saw written in place (through any alias,
     ``.data`` included), for every pinned block open on this thread."""
-    for seen in getattr(_watching, "open", ()):
-        seen.update(storages)
+    for watch in getattr(_watching, "open", ()):
+        watch.seen.update(storages)
+
+
+def write_guard() -> Any:
+    """For a capture or warm-up inside pinned blocks on this thread: the function its recorder
+    calls with the tensors a call is about to write (parameters are copied first); else None."""
+    watches = getattr(_watching, "open", None)
+    if not watches:
+        return None
+    if len(watches) == 1:
+        return watches[0].before_write
+    return lambda targets: [watch.before_write(targets) for watch in watches]
+
+
+class _WriteGuard(TorchFunctionMode):
+    """An uncaptured forward's only bookkeeping: parameters copied before an in-place write."""
+
+    def __init__(self, guard: Any):
+        super().__init__()
+        self.guard = guard
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if may_write(func, kwargs):
+            targets = written_by(func, args, kwargs)
+            if targets:
+                self.guard(targets)
+        return func(*args, **kwargs)
 
 
 def _state(entries: list[tuple]) -> dict[str, tuple]:
@@ -427,14 +480,15 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     code run eagerly (a warm-up or probe forward compiles nothing); restore and verify afterwards.
 
     Yields a dict that receives ``receipt`` (a Receipt) when the block exits, also on error.
-    Buffers the body writes or swaps, flags it sets and module hooks it registers or removes
-    are put back and named on the receipt; a parameter it writes (its version counter moved,
-    or a capture saw a write land in its storage) or swaps for a new object fails the check
-    (``state_restore_failed``, naming it), a swapped one after its original object is put
-    back. No tensor's bytes are re-read: the cost does not grow with the model's size beyond
-    the buffers' copies. ``inv``: the model's inventory, when the caller just took it. Pinned
-    blocks on one model from several threads run one at a time: each restores what it found,
-    so overlapping ones would restore each other's changes.
+    Buffers the body writes or swaps, flags it sets and module hooks it registers or removes are
+    put back and named on the receipt; a parameter it writes (its version counter moved, or a
+    capture saw a write land in its storage) or swaps for a new object fails the check
+    (``state_restore_failed``, naming it), a swapped one after its original object is put back; a
+    parameter written with equal values verifies (``_Watch``). No other tensor's bytes are read:
+    the cost does not grow with the model's size beyond the buffers' copies. ``inv``: the model's
+    inventory, when the caller just took it. Pinned blocks on one model from several threads run
+    one at a time: each restores what it found, so overlapping ones would restore each other's
+    changes.
     """
     with _lock_of(model), _pinned(model, surface, grad, inv) as box:
         yield box
@@ -459,9 +513,9 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     state_before = _state(params + buffer_slots)
     storages = {key: name for name, (_, key, *_) in state_before.items()
                 if key > 0}  # meta and empty tensors have no storage of their own
-    seen: set[int] = set()
+    watch = _Watch([slot for slot in params if slot[0] in storages.values()])
     watching = _watching.__dict__.setdefault("open", [])
-    watching.append(seen)
+    watching.append(watch)
     undone: dict[str, list[str]] = {}
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     devices = list(range(torch.cuda.device_count())) if cuda else []
@@ -482,7 +536,7 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
             try:
                 yield box
             finally:
-                watching.remove(seen)
+                watching.remove(watch)
                 _restore(model, flags, hooks, params, buffer_slots, copies, undone)
     except BaseException as exc:
         error = exc
@@ -496,11 +550,11 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
         # a buffer holding its bytes from before is unchanged whatever its version counter says
         # (an in-place write of equal values, or the restore's own copy), if it is still the same
         # tensor of the same shape, dtype and device
-        same = set(undone.get("same_bytes", []))
+        same = set(undone.get("same_bytes", [])) | watch.equal_writes()
         for name in same & state_after.keys() & state_before.keys():
             if state_after[name][:5] == state_before[name][:5]:
                 state_after[name] = state_before[name]
-        written = {storages[key] for key in seen if key in storages} - same
+        written = {storages[key] for key in watch.seen if key in storages} - same
         changed = sorted(written | {
             name for name in {*state_before, *state_after} - set(materialized)
             if state_before.get(name) != state_after.get(name)})
@@ -583,7 +637,9 @@ def warm_up(model: nn.Module, args: tuple, kwargs: dict,
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
-        model(*args, **kwargs)
+        guard = write_guard()
+        with _WriteGuard(guard) if guard is not None else contextlib.nullcontext():
+            model(*args, **kwargs)
     seen.add(signature)
     return {"warmup_forwards": 1, "warmup_ms": round((time.perf_counter() - t0) * 1e3, 3),
             "note": "one uncaptured warm-up forward ran first, under the same pinning, so "

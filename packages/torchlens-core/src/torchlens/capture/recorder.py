@@ -99,6 +99,7 @@ class CaptureState:
         self.versions: dict[tuple[int, int], int] = {}  # output versions right after each op
         self.advisories: list[dict[str, Any]] = []
         self.held: Held | None = None  # saved values kept by reference (copy-on-write)
+        self.guard: Any = None  # a pinned block's: called with what a call is about to write
 
     # -- identity ------------------------------------------------------------------------------
     def register(self, t: Tensor, index: int, position: int = 0) -> None:
@@ -273,10 +274,14 @@ class Recorder(TorchFunctionMode):
             return func(*args, **kwargs) if kwargs else func(*args)
         if kwargs is None:
             kwargs = _EMPTY
-        if s.held is not None and s.held.entries and may_write(func, kwargs):
+        if (s.guard is not None or s.held is not None and s.held.entries) and \
+                may_write(func, kwargs):
             targets = written_by(func, args, kwargs)
             if targets:
-                s.held.before_write(targets)
+                if s.guard is not None:
+                    s.guard(targets)
+                if s.held is not None and s.held.entries:
+                    s.held.before_write(targets)
         first = args[0] if args else None
         version_before = first._version if type(first) is Tensor or isinstance(
             first, Tensor) else None
