@@ -144,6 +144,8 @@ class Clipped(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.fc, self.how, self.limit = nn.Linear(4, 4), how, limit
+        self.tied = nn.Linear(4, 4)
+        self.tied.weight = self.fc.weight  # the written parameter under two names
 
     def forward(self, x):
         w = self.fc.weight
@@ -154,7 +156,7 @@ class Clipped(nn.Module):
             w.data.clamp_(-self.limit, self.limit)
         else:
             torch.clamp(w.data, -self.limit, self.limit, out=w.data)
-        return self.fc(x)
+        return self.tied(self.fc(x))
 
 
 @pytest.mark.parametrize("how", ["no_grad", "data", "out"])

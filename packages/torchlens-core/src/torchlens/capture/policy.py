@@ -5,8 +5,9 @@ restored state, a receipt.
 and CUDA), every buffer, and each parameter and buffer slot's tensor object, storage and version
 counter; runs the body in eval + no-grad; then restores and checks them, with the in-place writes
 the capture saw (``note_writes``). The receipt says what was pinned and restored, names what the
-body changed, and whether the state verifies. No tensor's bytes are re-read, so the check costs the
-same on a 7B model as on a small one (``Receipt.algorithm`` says what that leaves unseen).
+body changed, and whether the state verifies. Only the bytes the body writes are read (a parameter
+is copied just before its first in-place write), so the check costs the same on a 7B model as on a
+small one (``Receipt.algorithm`` says what that leaves unseen).
 ``state_fingerprints``/``state_hash`` digest the bytes themselves (wrapping row and column sums
 of each tensor's words, one read of memory): a model fingerprint for stores and baselines.
 ``warm_up`` runs one uncaptured forward inside the pinning the first time a model is timed on
@@ -399,22 +400,24 @@ class _Watch:
     written, and a copy of each parameter taken just before its first write (so a write of equal
     values verifies: the bytes, not the version counter, decide)."""
 
-    def __init__(self, params: list[tuple]):
+    def __init__(self, params: list[tuple[str, int, torch.Tensor]]):
         self.seen: set[int] = set()
-        self.params = {storage_key(t): (name, t) for name, _, _, t, _ in params}
-        self.copies: dict[str, torch.Tensor] = {}
+        self.names = [(name, key) for name, key, _ in params]  # a tied one under each name
+        self.params = {key: t for _, key, t in params}  # storage -> parameter
+        self.copies: dict[int, torch.Tensor] = {}  # storage -> the parameter before the write
 
     def before_write(self, targets: list[torch.Tensor]) -> None:
         for t in targets:
-            name, param = self.params.get(storage_key(t), (None, None))
-            if name is not None and name not in self.copies:
+            key = storage_key(t)
+            param = self.params.get(key)
+            if param is not None and key not in self.copies:
                 with torch._C.DisableTorchFunction():
-                    self.copies[name] = param.detach().clone()
+                    self.copies[key] = param.detach().clone()
 
     def equal_writes(self) -> set[str]:
-        """The written parameters that hold their bytes from before the write."""
-        return {name for name, param in self.params.values()
-                if name in self.copies and _same_bits(param, self.copies[name])}
+        """The names of the written parameters that hold their bytes from before the write."""
+        equal = {key for key, copy in self.copies.items() if _same_bits(self.params[key], copy)}
+        return {name for name, key in self.names if key in equal}
 
 
 _watching = threading.local()  # per thread: the watches of the open pinned blocks
@@ -513,7 +516,8 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     state_before = _state(params + buffer_slots)
     storages = {key: name for name, (_, key, *_) in state_before.items()
                 if key > 0}  # meta and empty tensors have no storage of their own
-    watch = _Watch([slot for slot in params if slot[0] in storages.values()])
+    watch = _Watch([(name, key, t) for name, _, _, t, _ in params
+                    if (key := state_before[name][1]) > 0])
     watching = _watching.__dict__.setdefault("open", [])
     watching.append(watch)
     undone: dict[str, list[str]] = {}
