@@ -514,8 +514,6 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     params = [(*slot, slot[3].requires_grad) for slot in params]
     copies = _copy_buffers(buffer_slots)
     state_before = _state(params + buffer_slots)
-    storages = {key: name for name, (_, key, *_) in state_before.items()
-                if key > 0}  # meta and empty tensors have no storage of their own
     watch = _Watch([(name, key, t) for name, _, _, t, _ in params
                     if (key := state_before[name][1]) > 0])
     watching = _watching.__dict__.setdefault("open", [])
@@ -558,7 +556,8 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
         for name in same & state_after.keys() & state_before.keys():
             if state_after[name][:5] == state_before[name][:5]:
                 state_after[name] = state_before[name]
-        written = {storages[key] for key in watch.seen if key in storages} - same
+        written = {name for name, (_, key, *_) in state_before.items()  # tied: each name
+                   if key in watch.seen} - same
         changed = sorted(written | {
             name for name in {*state_before, *state_after} - set(materialized)
             if state_before.get(name) != state_after.get(name)})
