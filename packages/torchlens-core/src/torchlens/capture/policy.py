@@ -556,8 +556,9 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
         for name in same & state_after.keys() & state_before.keys():
             if state_after[name][:5] == state_before[name][:5]:
                 state_after[name] = state_before[name]
-        written = {name for name, (_, key, *_) in state_before.items()  # tied: each name
-                   if key in watch.seen} - same
+        # each name of a tied tensor; meta and empty tensors have no storage of their own
+        written = {name for name, (_, key, *_) in state_before.items()
+                   if key > 0 and key in watch.seen} - same
         changed = sorted(written | {
             name for name in {*state_before, *state_after} - set(materialized)
             if state_before.get(name) != state_after.get(name)})
