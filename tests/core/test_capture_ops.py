@@ -218,6 +218,21 @@ def test_dataclass_outputs_are_walked_like_mappings(tmp_path):
     assert tl.load(tmp_path / "t.tl").output_structure == trace.output_structure
 
 
+def test_a_dataclass_input_gets_input_nodes():
+    class TakesPair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4)
+
+        def forward(self, pair):
+            return self.l(pair.y) + pair.z
+
+    trace = tl.trace(TakesPair(), _Pair(torch.randn(2, 4), torch.randn(2, 4)))
+    assert [op.label for op in trace.inputs] == ["input_1", "input_2"]
+    assert trace["linear_1"].parents == ["input_1"]
+    assert trace["add_1"].parents == ["linear_1", "input_2"]
+
+
 def test_shared_parameters_counted_once():
     model, x = PURE_CASES["tied_params"].build()
     trace = tl.trace(model, x)
