@@ -29,7 +29,7 @@ _bn_warned = False
 
 
 def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
-    """Refusals that need no forward: not a module, nested capture, pending lazy state.
+    """Refusals that need no forward: not a module, nested capture, TorchScript, pending lazy state.
     Returns the model's inventory, for a capture that follows with no forward in between."""
     if not isinstance(model, nn.Module):
         raise InputTypeError(f"tl.{surface} takes a torch.nn.Module, got {type(model).__name__}",
