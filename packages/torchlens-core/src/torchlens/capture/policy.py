@@ -4,10 +4,10 @@ restored state, a receipt.
 ``pinned(model)`` snapshots every module's ``training`` flag and hook tables, the RNG streams (CPU
 and CUDA), every buffer, and each parameter and buffer slot's tensor object, storage and version
 counter; runs the body in eval + no-grad; then restores and checks them, with the in-place writes
-the capture saw (``note_writes``). The receipt says what was pinned and restored, names what the
-body changed, and whether the state verifies. Only the bytes the body writes are read (a parameter
-is copied just before its first in-place write), so the check costs the same on a 7B model as on a
-small one (``Receipt.algorithm`` says what that leaves unseen).
+the capture saw (``watch.note_writes``). The receipt says what was pinned and restored, names what
+the body changed, and whether the state verifies. Only the bytes the body writes are read (a
+parameter is copied just before its first in-place write), so the check costs the same on a 7B
+model as on a small one (``Receipt.algorithm`` says what that leaves unseen).
 ``state_fingerprints``/``state_hash`` digest the bytes themselves (wrapping row and column sums
 of each tensor's words, one read of memory): a model fingerprint for stores and baselines.
 ``warm_up`` runs one uncaptured forward inside the pinning the first time a model is timed on
@@ -22,7 +22,7 @@ import hashlib
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,14 +30,14 @@ import torch
 from torch import nn
 from torch.nn import Parameter
 from torch.nn.parameter import is_lazy
-from torch.overrides import TorchFunctionMode
 
 from ..errors import StateError
 from .compiled import eager
-from .cow import may_write, storage_key, written_by
+from .cow import storage_key
 from .inventory import Inventory, inventory, module_paths
 from .meta import is_meta
 from .offload import homes
+from .watch import close_watch, guarded, open_watch
 
 
 @dataclass
@@ -395,68 +395,6 @@ def _lock_of(model: nn.Module) -> threading.RLock:
         return lock
 
 
-class _Watch:
-    """What a pinned block learns of its forwards' in-place writes: the storages a capture saw
-    written, and a copy of each parameter taken just before its first write (so a write of equal
-    values verifies: the bytes, not the version counter, decide)."""
-
-    def __init__(self, params: list[tuple[str, int, torch.Tensor]]):
-        self.seen: set[int] = set()
-        self.names = [(name, key) for name, key, _ in params]  # a tied one under each name
-        self.params = {key: t for _, key, t in params}  # storage -> parameter
-        self.copies: dict[int, torch.Tensor] = {}  # storage -> the parameter before the write
-
-    def before_write(self, targets: list[torch.Tensor]) -> None:
-        for t in targets:
-            key = storage_key(t)
-            param = self.params.get(key)
-            if param is not None and key not in self.copies:
-                with torch._C.DisableTorchFunction():
-                    self.copies[key] = param.detach().clone()
-
-    def equal_writes(self) -> set[str]:
-        """The names of the written parameters that hold their bytes from before the write."""
-        equal = {key for key, copy in self.copies.items() if _same_bits(self.params[key], copy)}
-        return {name for name, key in self.names if key in equal}
-
-
-_watching = threading.local()  # per thread: the watches of the open pinned blocks
-
-
-def note_writes(storages: Iterable[int]) -> None:
-    """A capture reports the storages its recorder saw written in place (through any alias,
-    ``.data`` included), for every pinned block open on this thread."""
-    for watch in getattr(_watching, "open", ()):
-        watch.seen.update(storages)
-
-
-def write_guard() -> Any:
-    """For a capture or warm-up inside pinned blocks on this thread: the function its recorder
-    calls with the tensors a call is about to write (parameters are copied first); else None."""
-    watches = getattr(_watching, "open", None)
-    if not watches:
-        return None
-    if len(watches) == 1:
-        return watches[0].before_write
-    return lambda targets: [watch.before_write(targets) for watch in watches]
-
-
-class _WriteGuard(TorchFunctionMode):
-    """An uncaptured forward's only bookkeeping: parameters copied before an in-place write."""
-
-    def __init__(self, guard: Any):
-        super().__init__()
-        self.guard = guard
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if may_write(func, kwargs):
-            targets = written_by(func, args, kwargs)
-            if targets:
-                self.guard(targets)
-        return func(*args, **kwargs)
-
-
 def _state(entries: list[tuple]) -> dict[str, tuple]:
     """name -> (tensor object id, storage, shape, dtype, device, version counter)."""
     return {name: (id(t), storage_key(t), tuple(t.shape), t.dtype, t.device, t._version)
@@ -487,11 +425,11 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
     put back and named on the receipt; a parameter it writes (its version counter moved, or a
     capture saw a write land in its storage) or swaps for a new object fails the check
     (``state_restore_failed``, naming it), a swapped one after its original object is put back; a
-    parameter written with equal values verifies (``_Watch``). No other tensor's bytes are read:
-    the cost does not grow with the model's size beyond the buffers' copies. ``inv``: the model's
-    inventory, when the caller just took it. Pinned blocks on one model from several threads run
-    one at a time: each restores what it found, so overlapping ones would restore each other's
-    changes.
+    parameter written with equal values verifies (``watch.Watch``). No other tensor's bytes are
+    read: the cost does not grow with the model's size beyond the buffers' copies. ``inv``: the
+    model's inventory, when the caller just took it. Pinned blocks on one model from several
+    threads run one at a time: each restores what it found, so overlapping ones would restore each
+    other's changes.
     """
     with _lock_of(model), _pinned(model, surface, grad, inv) as box:
         yield box
@@ -514,10 +452,8 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     params = [(*slot, slot[3].requires_grad) for slot in params]
     copies = _copy_buffers(buffer_slots)
     state_before = _state(params + buffer_slots)
-    watch = _Watch([(name, key, t) for name, _, _, t, _ in params
-                    if (key := state_before[name][1]) > 0])
-    watching = _watching.__dict__.setdefault("open", [])
-    watching.append(watch)
+    watch = open_watch([(name, key, t) for name, _, _, t, _ in params
+                        if (key := state_before[name][1]) > 0])
     undone: dict[str, list[str]] = {}
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     devices = list(range(torch.cuda.device_count())) if cuda else []
@@ -538,7 +474,7 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
             try:
                 yield box
             finally:
-                watching.remove(watch)
+                close_watch(watch)
                 _restore(model, flags, hooks, params, buffer_slots, copies, undone)
     except BaseException as exc:
         error = exc
@@ -552,7 +488,7 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
         # a buffer holding its bytes from before is unchanged whatever its version counter says
         # (an in-place write of equal values, or the restore's own copy), if it is still the same
         # tensor of the same shape, dtype and device
-        same = set(undone.get("same_bytes", [])) | watch.equal_writes()
+        same = set(undone.get("same_bytes", [])) | watch.equal_writes(_same_bits)
         for name in same & state_after.keys() & state_before.keys():
             if state_after[name][:5] == state_before[name][:5]:
                 state_after[name] = state_before[name]
@@ -641,8 +577,7 @@ def warm_up(model: nn.Module, args: tuple, kwargs: dict,
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     t0 = time.perf_counter()
     with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda else []):
-        guard = write_guard()
-        with _WriteGuard(guard) if guard is not None else contextlib.nullcontext():
+        with guarded():
             model(*args, **kwargs)
     seen.add(signature)
     return {"warmup_forwards": 1, "warmup_ms": round((time.perf_counter() - t0) * 1e3, 3),
