@@ -248,3 +248,23 @@ def test_a_saved_value_handed_out_through_an_untracked_alias_is_copied(how):
         else:
             alias.zero_()
     assert made.abs().sum() > 0 and torch.equal(trace["relu_1"].out, made)
+
+
+class _Tagged(torch.Tensor):
+    """A tensor subclass: ops on it return it."""
+
+
+def test_a_copied_value_of_a_tensor_subclass_keeps_its_class():
+    """A value copied before an in-place write (``mul_1`` below) is the subclass, as a value
+    kept by reference is."""
+
+    class WritesItsOutput(nn.Module):
+        def forward(self, x):
+            h = x * 2
+            h.add_(1)
+            return h
+
+    x = torch.randn(3).as_subclass(_Tagged)
+    trace = tl.trace(WritesItsOutput(), x)
+    assert type(trace["mul_1"].out) is _Tagged and type(trace["add__1"].out) is _Tagged
+    assert torch.equal(trace["mul_1"].out, x * 2)

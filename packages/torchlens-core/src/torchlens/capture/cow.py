@@ -159,8 +159,12 @@ class Held:
 
     def _own(self, index: int) -> None:
         self.entries.pop(index)
+        value = self.values[index]
+        if type(value) is not Tensor:  # a subclass's own clone keeps its class and metadata
+            self.values[index] = value.clone()
+            return
         with torch._C.DisableTorchFunction():
-            self.values[index] = self.values[index].clone()
+            self.values[index] = value.clone()
 
     def settle(self, protected: set[int]) -> list[int]:
         """At the end of the capture: copy what others can still reach (they hold the output,
