@@ -207,8 +207,7 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[s
     if keep is not None:
         state.keep = keep
     if ends:  # numbered as the full trace numbers them, the inputs before the forward runs
-        _keep_ends(state, "input", [t for v in (*args, *kwargs.values()) for t in leaves(v, [])],
-                   ends)
+        _keep_ends(state, "input", [t for _, t in _input_leaves(args, kwargs)], ends)
     handles = install_boundaries(modules, state, [], save_modules)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
@@ -250,20 +249,23 @@ def _leaf_record(state, kind, label, t, parents, slot) -> tuple:
             False, None, 0, label, kind, slot)
 
 
+def _input_leaves(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    """(slot, tensor) of every input tensor, in the order ``input_1``, ``input_2``, ... number
+    them."""
+    out: list[tuple[str, torch.Tensor]] = []
+    for slot, value in [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items()):
+        found = leaves(value, [])
+        out.extend((slot if len(found) == 1 else f"{slot}[{j}]", t) for j, t in enumerate(found))
+    return out
+
+
 def _add_inputs(state: CaptureState, args: tuple, kwargs: dict) -> None:
-    slots = [(str(i), a) for i, a in enumerate(args)] + list(kwargs.items())
-    n = 0
-    for slot, value in slots:
-        found: list = []
-        leaves(value, found)
-        for j, t in enumerate(found):
-            n += 1
-            index = len(state.records)
-            name = slot if len(found) == 1 else f"{slot}[{j}]"
-            state.records.append(_leaf_record(state, "input", f"input_{n}", t, [], name))
-            if state.save_all or f"input_{n}" in state.save_labels:
-                state.values[index] = snapshot(t)
-            state.register(t, index)
+    for n, (slot, t) in enumerate(_input_leaves(args, kwargs), 1):
+        index = len(state.records)
+        state.records.append(_leaf_record(state, "input", f"input_{n}", t, [], slot))
+        if state.save_all or f"input_{n}" in state.save_labels:
+            state.values[index] = snapshot(t)
+        state.register(t, index)
 
 
 _PLAIN = (bool, int, float, str)

@@ -379,6 +379,11 @@ def _restore(model: nn.Module, flags: list, hooks: list, params: list, buffers: 
     _name(receipt, "same_bytes", list(same))
 
 
+# what ``_restore`` names on the receipt (``same_bytes`` stays inside the block)
+_UNDONE = ("restored_flags", "restored_hooks", "replaced", "restored_requires_grad",
+           "restored_buffers")
+
+
 def _name(receipt: dict[str, list[str]], key: str, names: list[str]) -> None:
     receipt[key] = list(dict.fromkeys([*receipt.get(key, ()), *names]))
 
@@ -500,22 +505,17 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
             if state_before.get(name) != state_after.get(name)})
         flags_back = all(module.training == flag for _, module, flag in flags)
         homes_back = (homes(model, offload) if offload else {}) == homes_before
-        replaced = undone.get("replaced", [])
-        requires_grad = undone.get("restored_requires_grad", [])
         receipt = Receipt(
             hash_before=(digest := _digest(state_before)),
             hash_after=digest if state_after == state_before else _digest(state_after),
-            verified=not changed and flags_back and homes_back and not replaced,
+            verified=not changed and flags_back and homes_back and not undone.get("replaced"),
             pinned={"mode": "eval", "grad": "enabled" if grad else "disabled", "surface": surface,
                     "rng": "forked (cpu" + (", cuda" if devices else "") + ")"},
             restored=["training flags", "rng state", "buffers", "hooks"],
             materialized=materialized,
             no_values=len({id(t) for _, _, _, t in slots_after if t.is_meta}),
             offloaded=len(homes_before),
-            restored_buffers=undone.get("restored_buffers", []),
-            restored_flags=undone.get("restored_flags", []),
-            restored_requires_grad=requires_grad, restored_hooks=undone.get("restored_hooks", []),
-            replaced=replaced, changed=changed,
+            changed=changed, **{key: undone.get(key, []) for key in _UNDONE},
         )
         box["receipt"] = receipt
         if not receipt.verified and error is None:
