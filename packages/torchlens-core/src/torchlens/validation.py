@@ -16,6 +16,7 @@ from torch import nn
 from .capture.boundaries import leaves as tensors_in
 from .capture.engine import capture
 from .capture.policy import pinned
+from .capture.transforms import Batched, call_batched, in_front
 from .errors import TorchLensError
 from .ladder import ABSENT
 
@@ -25,6 +26,9 @@ RANDOM_FUNCS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_
                 "normal_", "uniform_", "bernoulli", "bernoulli_", "multinomial", "randperm",
                 "rrelu", "empty", "empty_like", "exponential_", "geometric_", "cauchy_",
                 "log_normal_", "random_"}
+
+# calls whose result comes from the forward's own autograd graph (``torch.func.grad`` makes one)
+_GRAPH_FUNCS = {torch.autograd.grad, torch.autograd.backward}
 
 
 @dataclass
@@ -75,6 +79,15 @@ def _resolve(template: Any, trace, model: nn.Module, values: dict[int, Any]) -> 
             return model.get_buffer(template[1])
         if kind == "const":
             return template[1]
+        if kind == "batched":  # inside torch.vmap: replayed under vmap (call_batched)
+            value = _resolve(template[1], trace, model, values)
+            return Batched(value if template[2] is None else value.permute(template[2]),
+                           template[3])
+    if isinstance(template, tuple) and len(template) == 6 and template[0] == "view":
+        # a view torch.vmap returned of a real tensor: rebuilt from its saved value
+        _, inner, back, size, stride, offset = template
+        real = _resolve(inner, trace, model, values).permute(back).contiguous()
+        return real.as_strided(size, stride, offset)
     if isinstance(template, (tuple, list)):
         return type(template)(_resolve(t, trace, model, values) for t in template)
     if isinstance(template, dict):
@@ -129,13 +142,17 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
                                     "reason": "nondeterministic", "max_abs_err": None})
                 continue
             func, args, kwargs = calls[op.index]
+            if func in _GRAPH_FUNCS:
+                report.rows.append({"label": op.label, "status": "skipped", "max_abs_err": None,
+                                    "reason": "differentiates the forward's own autograd graph, "
+                                              "which saved values do not carry"})
+                continue
             args = _resolve(args, trace, model, saved)
             kwargs = _resolve(kwargs, trace, model, saved)
-            if op.inplace and args and isinstance(args[0], torch.Tensor):
-                args = (args[0].clone(), *args[1:])
-            out = func(*args, **kwargs)
+            args = _fresh_first(op, args)
+            out = call_batched(func, args, kwargs)
             if out is None:  # __setitem__ mutates its first argument
-                out = args[0]
+                out = args[0].value if isinstance(args[0], Batched) else args[0]
             got, expected = _tensors(out), _tensors(op._value)
             errs = [_err(g, e) for g, e in zip(got, expected)]
             worst = max(errs) if errs else 0.0
@@ -179,9 +196,12 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape:
     reference = [hooked.get((op.index, pos), g) for (op, pos, _), g in zip(targets, computed)]
     ours = _graph_grads(trace, calls, model, live, outputs)
     report = ValidationReport("backward", provenance=trace.provenance)
-    versions = trace._replay["versions"]
+    versions, orders = trace._replay["versions"], trace._replay["orders"]
     for (op, pos, t), ref in zip(targets, reference):
         got = ours.get((op.index, pos))
+        if op.index in orders:  # a real tensor under vmap: its value has the vmapped dims first
+            t = in_front(t, orders[op.index][pos])
+            ref = None if ref is None else in_front(ref, orders[op.index][pos])
         label = op.label if pos == 0 else f"{op.label}[{pos}]"
         if op.inplace and t._is_view():
             report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
@@ -212,16 +232,22 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
     is sent along the recorded edges."""
     saved = {op.index: op._value for op in trace.ops if op.saved}
     where = {id(t): (i, pos) for i, v in live.items() for pos, t in enumerate(_tensors(v))}
+    orders = trace._replay["orders"]
     grads: dict[tuple[int, int], torch.Tensor] = {}
     for t in outputs:
         key = where.get(id(t))
         if key is not None:
-            grads[key] = grads.get(key, 0) + torch.ones_like(t)
+            ones = torch.ones_like(t)
+            if key[0] in orders:
+                ones = in_front(ones, orders[key[0]][key[1]])
+            grads[key] = grads.get(key, 0) + ones
     for op in reversed([o for o in trace.ops if o.kind == "op"]):
         wanted = {pos: g for (i, pos), g in grads.items() if i == op.index}
         if not wanted or op.func in RANDOM_FUNCS:
             continue
         func, args_t, kwargs_t = calls[op.index]
+        if func in _GRAPH_FUNCS:
+            continue
         leaves: dict[tuple[int, int], torch.Tensor] = {}
         parents: dict[int, Any] = {}
         for i in _op_refs(args_t) | _op_refs(kwargs_t):
@@ -235,10 +261,10 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
         with torch.enable_grad():
             args = _resolve(args_t, trace, model, parents)
             kwargs = _resolve(kwargs_t, trace, model, parents)
-            if op.inplace and args and isinstance(args[0], torch.Tensor):
-                args = (args[0].clone(), *args[1:])
-            out = func(*args, **kwargs)
-            outs = _tensors(args[0] if out is None else out)
+            args = _fresh_first(op, args)
+            out = call_batched(func, args, kwargs)
+            first = args[0].value if args and isinstance(args[0], Batched) else args and args[0]
+            outs = _tensors(first if out is None else out)
             pairs = [(outs[pos], g) for pos, g in wanted.items()
                      if pos < len(outs) and outs[pos].requires_grad]
             inputs = [(k, t) for k, t in leaves.items() if t.requires_grad]
@@ -252,9 +278,23 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
     return grads
 
 
+def _fresh_first(op, args: tuple) -> tuple:
+    """An in-place op's arguments with a copy of what it writes, so saved values stay."""
+    if not op.inplace or not args:
+        return args
+    if isinstance(args[0], Batched):
+        return (Batched(args[0].value.clone(), args[0].levels), *args[1:])
+    if isinstance(args[0], torch.Tensor):
+        return (args[0].clone(), *args[1:])
+    return args
+
+
 def _op_refs(template: Any) -> set[int]:
     if isinstance(template, tuple) and len(template) in (3, 4) and template[0] == "op":
         return {template[1]}
+    if isinstance(template, tuple) and len(template) in (4, 6) and template[0] in ("batched",
+                                                                                  "view"):
+        return _op_refs(template[1])
     if isinstance(template, (tuple, list)):
         return set().union(*(_op_refs(t) for t in template)) if template else set()
     if isinstance(template, dict):

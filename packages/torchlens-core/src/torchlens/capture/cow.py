@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .naming import func_name
+from .transforms import is_wrapped, unwrapped
 
 _SETITEM = Tensor.__setitem__
 SET_DATA = Tensor.data.__set__  # a method-wrapper: compare with ==, a new one each access
@@ -33,6 +34,8 @@ def storage_key(t: Tensor) -> int:
     try:
         return t.data_ptr() - t.storage_offset() * t.element_size()
     except Exception:
+        if is_wrapped(t):  # a functorch transform's wrapper: the memory is its real tensor's
+            return storage_key(unwrapped(t)[0])
         return -1
 
 

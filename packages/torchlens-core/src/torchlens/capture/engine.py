@@ -115,6 +115,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
             h.remove()
         note_writes(state.writes)
         lost = _settle(state, inv, args, kwargs)
+        state.real.clear()  # what torch.vmap's ops made, held until now
         partial = _build(model, inv, state, calls, None, time.perf_counter_ns() - t0, save,
                          provenance, is_partial=True)
         _report_lost(partial, lost)
@@ -127,6 +128,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
         h.remove()
     note_writes(state.writes)
     lost = _settle(state, inv, args, kwargs)
+    state.real.clear()  # what torch.vmap's ops made, held until now
     _check_selection(state.records, save_labels)
     result = _build(model, inv, state, calls, structure, time.perf_counter_ns() - t0, save,
                     provenance, homes=homes(model, offloaded) if offloaded else None)
@@ -136,7 +138,8 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     result._objects["output_values"] = state.output_objects
     if replay:
         result._replay = {"calls": state.calls, "live": state.live, "output": out,
-                          "grads": state.grads, "versions": state.versions}
+                          "grads": state.grads, "versions": state.versions,
+                          "orders": state.orders}
     return result
 
 

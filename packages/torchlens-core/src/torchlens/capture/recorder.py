@@ -20,6 +20,7 @@ from .cow import SET_DATA, Held, may_write, storage_key, written_by
 from .flops import FORMULAS, WEIGHT_ARG, shapes
 from .naming import NAMES as _names
 from .naming import func_name
+from .transforms import in_front, inside, is_wrapped, unwrapped
 
 Tensor = torch.Tensor
 Parameter = torch.nn.Parameter
@@ -97,9 +98,15 @@ class CaptureState:
         self.live: dict[int, Any] | None = None  # the real output tensors, when asked for
         self.grads: dict[tuple[int, int], Any] = {}  # output gradients seen by tensor hooks
         self.versions: dict[tuple[int, int], int] = {}  # output versions right after each op
+        self.orders: dict[int, list] = {}  # a transformed op's outputs' dimension orders
         self.advisories: list[dict[str, Any]] = []
         self.held: Held | None = None  # saved values kept by reference (copy-on-write)
         self.guard: Any = None  # a pinned block's: called with what a call is about to write
+        # a functorch transform (``torch.vmap``) has been entered and not yet seen left; the real
+        # tensors under its ops' outputs, by id, held until the end so that what the transform
+        # returns (one of them or a view of one) keeps its identity
+        self.transformed = False
+        self.real: dict[int, tuple[Tensor, tuple[int, ...]]] = {}  # id -> (tensor, its order)
 
     # -- identity ------------------------------------------------------------------------------
     def register(self, t: Tensor, index: int, position: int = 0) -> None:
@@ -109,14 +116,30 @@ class CaptureState:
         """``value`` with every tensor replaced by a reference (op output, param, buffer) or a
         copied constant, so the call can be replayed from saved values."""
         if isinstance(value, Tensor):
+            if is_wrapped(value):  # replayed under vmap, from the real tensor under it
+                real, order, levels = unwrapped(value)
+                made = self.real.get(id(real))  # an op's output: saved in the order it had then
+                if made is not None:
+                    order = tuple(made[1].index(d) for d in order)
+                if order == tuple(range(len(order))):
+                    order = None
+                return ("batched", self.template(real, depth), order, levels)
             key = id(value)
-            index = self.producer(value) if key in self.tensors else None
+            entry = self.tensors.get(key)
+            index = self.producer(value) if entry is not None and entry[1]() is value else None
+            if index is None and self.real and value._base is not None:
+                made = self.real.get(id(value._base))
+                if made is not None and made[0].is_contiguous():
+                    # what torch.vmap returned: a view of a real tensor saved in its own order
+                    real, order = made
+                    return ("view", self.template(real, depth), tuple(map(order.index, range(
+                        len(order)))), tuple(value.shape), value.stride(),
+                        value.storage_offset() - real.storage_offset())
             if index is None and key in self.param_ids:
                 return ("param", self.param_ids[key])
             if index is None and key in self.buffer_ids:
                 return ("buffer", self.buffer_ids[key])
             if index is not None:
-                entry = self.tensors[key]
                 if entry[0] == index:
                     return ("op", index, entry[3])
                 # written in place through another view: replay reads the writer's value when
@@ -135,9 +158,11 @@ class CaptureState:
     def producer(self, t: Tensor) -> int | None:
         entry = self.tensors.get(id(t))
         if entry is None or entry[1]() is not t:
-            return None
+            return self.unseen(t)
         index = entry[0]
         if t._version != entry[2] and self.writes:
+            if is_wrapped(t):
+                t = unwrapped(t)[0]
             # written in place since (through itself or a view): the latest write that touches
             # this tensor's elements is what a read sees
             geometry = (t.storage_offset(), tuple(t.shape), t.stride())
@@ -147,6 +172,22 @@ class CaptureState:
                 if _overlap(geometry, write[1:]):
                     return write[0]
         return index
+
+    def unseen(self, t: Tensor) -> int | None:
+        """The op behind a tensor no op returned as it is: a transform's wrapper of one (what
+        ``vmap`` passes its function), or a view of the real tensor under a transformed op's
+        output (what ``vmap`` returns with the vmapped dimension elsewhere); else None."""
+        if is_wrapped(t):
+            self.transformed = True
+            t = unwrapped(t)[0]
+        elif not self.real or t._base is None or id(t._base) not in self.real:
+            return None
+        else:
+            t = t._base
+        entry = self.tensors.get(id(t))
+        if entry is None or entry[1]() is not t:
+            return None
+        return entry[0] if t._version == entry[2] or not self.writes else self.producer(t)
 
     def adopt_parameter(self, p: Tensor) -> str | None:
         """Register a parameter the forward created (e.g. a lazy module built inside forward)."""
@@ -340,11 +381,21 @@ class Recorder(TorchFunctionMode):
                         s.producer(t)
                     if index not in parents:
                         parents.append(index)
+                elif p is None:  # a tensor no op made, or a functorch transform's wrapper
+                    index = s.unseen(t)
+                    if index is not None and index not in parents:
+                        parents.append(index)
             else:
                 break
         if len(parents) == 1:
             parents = parents[0]
         inplace = main is first and first._version != version_before
+        if s.transformed:  # inside a functorch transform (``torch.vmap``), or just out of one
+            if inside() is None:
+                s.transformed = False
+            elif is_wrapped(main):  # record the real tensors, vmapped dimensions first
+                return self._record_real(func, name, args, kwargs, out, out_tensors or [main],
+                                         parents, params, buffers, inplace, elapsed)
         index = len(s.records)
         frame = s.frames[-1]
         label = None
@@ -398,6 +449,55 @@ class Recorder(TorchFunctionMode):
             for t in out_tensors or [main]:
                 s.writes.setdefault(storage_key(t), []).append(
                     (index, t.storage_offset(), tuple(t.shape), t.stride()))
+        return out
+
+    def _record_real(self, func, name, args, kwargs, out, outs, parents, params, buffers,
+                     inplace, elapsed):
+        """An op inside a functorch transform: its record holds the real tensors' facts (shape,
+        size, FLOPs), its value is copied (the wrappers die with the transform), and the real
+        tensors are held, so what the transform returns is found again."""
+        s = self.state
+        real = [unwrapped(t) for t in outs]
+        views = [in_front(r, order) for r, order, _ in real]
+        main = outs[0]
+        if not inplace and args and main is args[0]:  # a wrapper's own version never moves
+            entry = s.tensors.get(id(real[0][0]))
+            inplace = entry is not None and entry[2] != real[0][0]._version
+        index = len(s.records)
+        label = base = None
+        if s.save_labels:
+            label, base, _ = s.label_for(name, s.frames[-1])
+        flops = None
+        if name in FORMULAS:
+            weight = WEIGHT_ARG.get(name)
+            if weight is not None and len(args) > weight[0]:
+                flops = s.param_ids.get(id(args[weight[0]]))
+            if flops is None:
+                flops = ([in_front(*unwrapped(a)[:2]).shape if isinstance(a, Tensor) and
+                          is_wrapped(a) else a.shape if isinstance(a, Tensor) else a
+                          for a in args], shapes(kwargs) if kwargs else kwargs)
+        several = len(views) > 1
+        shape = views[0].shape
+        s.records.append((
+            name, s.frames[-1], parents, params, buffers,
+            s.shapes.setdefault(shape, shape), main.dtype, main.device,
+            [v.shape for v in views] if several else None,
+            sum(v.element_size() * v.numel() for v in views) if several else None,
+            inplace, not inplace and main._is_view(), flops, elapsed, label, "op", None))
+        if s.save_all or (label is not None and (label in s.save_labels or base in s.save_labels)):
+            s.values[index] = tuple(map(snapshot, views)) if several else snapshot(views[0])
+        if s.calls is not None:  # validation replays it under vmap, on the real tensors
+            reals = [r for r, _, _ in real]
+            self._keep_for_replay(index, func, args, kwargs, tuple(reals), reals)
+            s.orders[index] = [order for _, order, _ in real]
+        for position, (t, (r, order, _)) in enumerate(zip(outs, real)):
+            s.tensors[id(t)] = (index, _ref(t), t._version, position)
+            s.tensors[id(r)] = (index, _ref(r), r._version, position)
+            s.real[id(r)] = (r, order)
+        if inplace:
+            r = real[0][0]
+            s.writes.setdefault(storage_key(r), []).append(
+                (index, r.storage_offset(), tuple(r.shape), r.stride()))
         return out
 
     def _keep_for_replay(self, index, func, args, kwargs, out, out_tensors) -> None:
@@ -455,5 +555,9 @@ class LightRecorder(Recorder):
                 return out
         label, base, _ = s.label_for(name)
         if label in s.save_labels or base in s.save_labels:
-            s.light[label] = s.keep(label, out if len(tensors) > 1 else tensors[0])
+            value = out if len(tensors) > 1 else tensors[0]
+            if is_wrapped(tensors[0]):  # inside torch.vmap: the real tensors, vmapped dims first
+                value = tuple(in_front(*unwrapped(t)[:2]) for t in tensors)
+                value = value if len(value) > 1 else value[0]
+            s.light[label] = s.keep(label, value)
         return out
