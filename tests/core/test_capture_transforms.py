@@ -1,0 +1,110 @@
+"""Ops inside functorch transforms: ``torch.vmap`` in a forward records the real tensors, with
+edges into and out of the transform, and validation replays them under vmap."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.validation import validate_backward_pass, validate_forward_pass
+
+
+class Vmapped(nn.Module):
+    """vmap with moved in/out dims, nested, chunked with an in-place write inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.w = nn.Parameter(torch.randn(4, 6))
+
+    def forward(self, x):
+        h = self.fc(x)  # [3, 4]
+        z = torch.vmap(lambda r: r.sin() @ self.w, in_dims=1, out_dims=1)(h.t())  # [6, 3]
+        outer = torch.vmap(torch.vmap(lambda a, b: a * b, in_dims=(None, 0)),
+                           in_dims=(0, None))(z.sum(0), h[0])  # [3, 4]
+
+        def bump(r):
+            u = r * 3
+            u.add_(1)
+            return u.relu()
+
+        return z.sum() + outer + torch.vmap(bump, chunk_size=2)(h)
+
+
+def _ops(trace, name):
+    return [op for op in trace if op.kind == "op" and op.func == name]
+
+
+def test_ops_inside_vmap_record_the_real_tensors_connected_to_the_forward():
+    torch.manual_seed(0)
+    model, x = Vmapped(), torch.randn(3, 4)
+    trace = tl.trace(model, x)
+    assert torch.equal(trace.output, model(x))
+    h = trace["linear_1"].out
+
+    # the batch of examples is the front dimension, whatever in_dims said
+    (sin,) = _ops(trace, "sin")
+    assert sin.shape == [3, 4] and sin.parents == ["t_1"]
+    torch.testing.assert_close(sin.out, h.sin())
+    (matmul,) = _ops(trace, "matmul")
+    assert matmul.shape == [3, 6] and matmul.parents == ["sin_1"]
+    assert matmul.flops == 2 * 3 * 4 * 6  # the whole batch's work, not one example's
+    torch.testing.assert_close(matmul.out, h.sin() @ model.w)
+    # what vmap returned (a view with the batch moved to dim 1) is matmul's output
+    (first_sum,) = [op for op in _ops(trace, "sum") if op.shape == [3]]
+    assert first_sum.parents == ["matmul_1"]
+
+    # nested: the outer level's dimension first, then the inner one's
+    (outer,) = [op for op in _ops(trace, "mul") if op.parents == ["sum_1", "getitem_1"]]
+    assert outer.shape == [3, 4]
+    torch.testing.assert_close(outer.out, first_sum.out[:, None] * h[0][None, :])
+
+    # chunked, with an in-place write on a tensor made inside the transform
+    adds = _ops(trace, "add_")
+    assert [op.shape for op in adds] == [[2, 4], [1, 4]] and all(op.inplace for op in adds)
+    relus = _ops(trace, "relu")
+    assert [op.parents for op in relus] == [[op.label] for op in adds]
+    (cat,) = _ops(trace, "cat")
+    assert cat.parents == [op.label for op in relus]
+    torch.testing.assert_close(cat.out, (h * 3 + 1).relu())
+
+    # every op is connected: nothing but the input starts a path, nothing but the output ends one
+    ops = [op for op in trace if op.kind == "op"]
+    assert all(op.parents for op in ops) and all(op.children for op in ops)
+
+
+def test_ops_inside_vmap_validate_forward_and_backward_and_record_by_label():
+    torch.manual_seed(0)
+    model, x = Vmapped(), torch.randn(3, 4)
+    forward = validate_forward_pass(model, x)
+    assert forward.passed and not [r for r in forward.rows if r["status"] != "passed"]
+    assert validate_backward_pass(model, x).passed
+    trace = tl.trace(model, x)
+    recording = tl.record(model, x, save=["sin_1", "matmul_1", "relu_2"], progress=False)
+    for label in ("sin_1", "matmul_1", "relu_2"):
+        torch.testing.assert_close(recording[label], trace[label].out)
+
+
+class FuncGrad(nn.Module):
+    """``torch.func.grad`` inside a forward (a force from an energy, say)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) + torch.func.grad(lambda a: (a * a).sum())(x[0])
+
+
+def test_func_grad_inside_a_forward_is_connected_and_its_grad_call_not_replayed():
+    model, x = FuncGrad(), torch.randn(5, 4)
+    trace = tl.trace(model, x)
+    (grad,) = _ops(trace, "grad")
+    torch.testing.assert_close(grad.out, 2 * x[0])
+    assert "grad_1" in trace["add_1"].parents
+    assert trace["requires_grad__1"].parents == ["getitem_1"]
+    report = validate_forward_pass(model, x)
+    (skipped,) = [r for r in report.rows if r["status"] == "skipped"]
+    assert skipped["label"] == "grad_1" and "autograd graph" in skipped["reason"]
+    assert not report.failed
