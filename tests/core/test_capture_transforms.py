@@ -108,3 +108,47 @@ def test_func_grad_inside_a_forward_is_connected_and_its_grad_call_not_replayed(
     (skipped,) = [r for r in report.rows if r["status"] == "skipped"]
     assert skipped["label"] == "grad_1" and "autograd graph" in skipped["reason"]
     assert not report.failed
+
+
+class Ensemble(nn.Module):
+    """Three members run as one under vmap, from their stacked parameters (torch.func's
+    ensembling recipe)."""
+
+    def __init__(self):
+        super().__init__()
+        self.members = nn.ModuleList(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+                                     for _ in range(3))
+
+    def forward(self, x):
+        params, buffers = torch.func.stack_module_state(list(self.members))
+        return torch.vmap(lambda p, b, x: torch.func.functional_call(self.members[0], (p, b), x),
+                          in_dims=(0, 0, None))(params, buffers, x)
+
+
+def test_an_ensemble_under_vmap_counts_every_members_flops_in_its_module_calls():
+    torch.manual_seed(0)
+    model, x = Ensemble(), torch.randn(5, 4)
+    trace = tl.trace(model, x)
+    torch.testing.assert_close(trace.output, torch.stack([m(x) for m in model.members]))
+    first, second = _ops(trace, "linear")
+    assert (first.shape, first.module) == ([3, 5, 8], "members.0.0")
+    assert first.flops == 3 * 2 * 5 * 4 * 8 and second.flops == 3 * 2 * 5 * 8 * 2
+    assert first.parents[0] == "input_1" and second.parents[0] == "relu_1"
+    assert validate_backward_pass(model, x).passed
+
+
+class WritesThroughVmap(nn.Module):
+    def forward(self, x):
+        h = x.clone()
+        torch.vmap(lambda r: r.mul_(2))(h)  # writes h itself, example by example
+        return h + 1
+
+
+def test_a_write_through_a_vmapped_argument_keeps_the_saved_value_it_overwrites():
+    x = torch.randn(3, 4)
+    trace = tl.trace(WritesThroughVmap(), x)
+    assert torch.equal(trace["clone_1"].out, x)  # copied before the write, not after
+    assert trace["mul__1"].inplace and trace["mul__1"].parents == ["clone_1"]
+    assert torch.equal(trace["mul__1"].out, 2 * x)
+    assert trace["add_1"].parents == ["mul__1"]
+    assert torch.equal(trace.output, 2 * x + 1)

@@ -405,7 +405,7 @@ def _objects(state, calls, module_classes, param_names, param_facts, buffer_fact
             if weights is None:
                 weights = {n: f[0] for n, f in zip(param_names, param_facts)}
             flops = flops_of_weight(func, weights.get(flops), shape)
-        elif flops is not None:
+        elif flops is not None and type(flops) is not int:  # (an int: counted at the op)
             flops = flops_of(func, *flops, shape)
         dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch."))
         device_name = names.get(device) or names.setdefault(device, str(device))

@@ -17,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .cow import SET_DATA, Held, may_write, storage_key, written_by
-from .flops import FORMULAS, WEIGHT_ARG, shapes
+from .flops import FORMULAS, WEIGHT_ARG, flops_of, shapes
 from .naming import NAMES as _names
 from .naming import func_name
 from .transforms import in_front, inside, is_wrapped, unwrapped
@@ -62,8 +62,9 @@ _SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), 
 # (set at the op only when ``save=`` names labels). ``out_shapes`` is None for a single output;
 # ``nbytes`` None means "numel of shape times dtype size"; ``flops`` holds, for a call with a
 # FLOP formula (counted later), its weight parameter's name (``WEIGHT_ARG``) or else its
-# argument shapes; None for other calls. Equal shapes are one object (``CaptureState.shapes``):
-# every object a record keeps is memory the rest of the forward runs through.
+# argument shapes (inside ``torch.vmap``: the count itself); None for other calls. Equal shapes
+# are one object (``CaptureState.shapes``): every object a record keeps is memory the rest of
+# the forward runs through.
 (R_FUNC, R_FRAME, R_PARENTS, R_PARAMS, R_BUFFERS, R_SHAPE, R_DTYPE, R_DEVICE, R_OUT_SHAPES,
  R_NBYTES, R_INPLACE, R_VIEW, R_FLOPS, R_TIME, R_LABEL, R_KIND, R_SLOT) = range(17)
 
@@ -468,14 +469,11 @@ class Recorder(TorchFunctionMode):
         if s.save_labels:
             label, base, _ = s.label_for(name, s.frames[-1])
         flops = None
-        if name in FORMULAS:
-            weight = WEIGHT_ARG.get(name)
-            if weight is not None and len(args) > weight[0]:
-                flops = s.param_ids.get(id(args[weight[0]]))
-            if flops is None:
-                flops = ([in_front(*unwrapped(a)[:2]).shape if isinstance(a, Tensor) and
-                          is_wrapped(a) else a.shape if isinstance(a, Tensor) else a
-                          for a in args], shapes(kwargs) if kwargs else kwargs)
+        if name in FORMULAS:  # counted now: one example's (the wrappers' shapes) times the batch
+            flops = flops_of(name, [a.shape if isinstance(a, Tensor) else a for a in args],
+                             shapes(kwargs) if kwargs else {}, main.shape)
+            if flops is not None:
+                flops *= prod(views[0].shape[:len(real[0][2])])
         several = len(views) > 1
         shape = views[0].shape
         s.records.append((
