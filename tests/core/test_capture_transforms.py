@@ -152,3 +152,15 @@ def test_a_write_through_a_vmapped_argument_keeps_the_saved_value_it_overwrites(
     assert torch.equal(trace["mul__1"].out, 2 * x)
     assert trace["add_1"].parents == ["mul__1"]
     assert torch.equal(trace.output, 2 * x + 1)
+
+
+class Noisy(nn.Module):
+    def forward(self, x):
+        return torch.vmap(lambda r: torch.rand(4), randomness="different")(x) + x
+
+
+def test_a_random_op_first_inside_vmap_is_batched_and_its_trace_saves(tmp_path):
+    trace = tl.trace(Noisy(), torch.randn(3, 4))
+    assert trace["rand_1"].shape == [3, 4] and trace["add_1"].parents == ["rand_1", "input_1"]
+    trace.save(tmp_path / "noisy.tlens")
+    assert torch.equal(tl.load(tmp_path / "noisy.tlens")["rand_1"].out, trace["rand_1"].out)
