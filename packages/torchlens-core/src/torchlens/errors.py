@@ -32,6 +32,8 @@ CODES: dict[str, str] = {
     "scripted_model": "the model is a TorchScript module, whose ops run where no mode sees them",
     "scripted_submodule": "warning: a TorchScript submodule's ops are not in the trace",
     "no_differentiable_output": "validate_backward_pass on a model whose output needs no grad",
+    "reentrant_checkpoint": "validate_backward_pass on a forward with reentrant activation "
+                            "checkpointing, which torch.autograd.grad cannot go through",
     "option_invalid": "a keyword option has a value TorchLens cannot use",
     "dependency_missing": "an optional package a method needs (e.g. pandas) is not installed",
     # Trace access

@@ -45,6 +45,16 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise _invalid(path, f"inconsistent contents ({type(exc).__name__}: {exc})") from exc
 
 
+def revive(value):
+    """A saved value as it was: a nested tensor is put together from its parts."""
+    if not isinstance(value, dict):
+        return value
+    if value["nested"] == "jagged":
+        return torch.nested.nested_tensor_from_jagged(value["values"], value["offsets"],
+                                                      lengths=value.get("lengths"))
+    return torch.nested.as_nested_tensor(value["parts"])
+
+
 def _trace_from(meta: dict, tensors: dict, tuple_ops: set) -> Trace:
     ops = []
     for row in meta["ops"]:
@@ -53,9 +63,9 @@ def _trace_from(meta: dict, tensors: dict, tuple_ops: set) -> Trace:
         if row["saved"]:
             if index in tuple_ops:
                 n = sum(1 for key in tensors if key.startswith(f"{index}."))
-                fields["_value"] = tuple(tensors[f"{index}.{j}"] for j in range(n))
+                fields["_value"] = tuple(revive(tensors[f"{index}.{j}"]) for j in range(n))
             else:
-                fields["_value"] = tensors[str(index)]
+                fields["_value"] = revive(tensors[str(index)])
         ops.append(Op(**fields))
     modules = {}
     for m in meta["modules"]:

@@ -54,7 +54,15 @@ def save_trace(trace: Any, path: str | os.PathLike, schema_version: int) -> None
 
 def _plain(value: Any) -> Any:
     """A tensor subclass's value as a plain tensor on the same memory: ``tl.load`` reads files
-    with ``weights_only=True``, which refuses classes it does not know."""
+    with ``weights_only=True``, which refuses classes it does not know. A nested tensor is
+    written as its parts (``storage.revive`` puts it together again)."""
+    if isinstance(value, torch.Tensor) and value.is_nested:
+        if value.layout == torch.jagged:
+            parts = {"values": value.values(), "offsets": value.offsets()}
+            if value.lengths() is not None:
+                parts["lengths"] = value.lengths()
+            return {"nested": "jagged", **parts}
+        return {"nested": "strided", "parts": list(value.unbind())}
     if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
         return value.as_subclass(torch.Tensor)
     return value
@@ -66,8 +74,8 @@ def _unshare_across_dtypes(tensors: dict[str, Any]) -> None:
     such a view is written as a copy of its own."""
     dtypes: dict[int, torch.dtype] = {}
     for key, t in tensors.items():
-        if not isinstance(t, torch.Tensor) or t.is_meta:
-            continue
+        if not isinstance(t, torch.Tensor) or t.is_meta or t.layout != torch.strided:
+            continue  # (a sparse tensor has no one storage to share)
         storage = t.untyped_storage().data_ptr()
         if dtypes.setdefault(storage, t.dtype) != t.dtype:
             tensors[key] = t.clone()

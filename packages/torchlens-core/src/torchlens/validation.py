@@ -7,11 +7,13 @@ a parameter or a constant.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.function import BackwardCFunction
 
 from .capture.boundaries import leaves as tensors_in
 from .capture.engine import capture
@@ -103,6 +105,26 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A sparse or nested value as the strided tensor the comparisons take."""
+    if t.is_nested:
+        return t.to_padded_tensor(0)
+    return t.to_dense() if t.layout != torch.strided else t
+
+
+def _unsparse(t: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient as a strided one, which gradients of other paths can be added to."""
+    return t.to_dense() if t.layout in (torch.sparse_coo, torch.sparse_csr) else t
+
+
+def _autocast(casts: tuple | None) -> contextlib.AbstractContextManager:
+    """The autocast regions an op ran in (``(device type, dtype)`` each), entered again."""
+    stack = contextlib.ExitStack()
+    for device_type, dtype in casts or ():
+        stack.enter_context(torch.autocast(device_type, dtype=dtype))
+    return stack
+
+
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     if a.shape != b.shape:
         return float("inf")
@@ -130,7 +152,7 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
     """Replay every op from its saved parents and compare with its saved output.
     ``resolve_options`` (tokenizer=, processor=, preprocess=) reach the input resolver."""
     trace = _capture(model, x, input_shape, "validation", False, resolve_options)
-    calls = trace._replay["calls"]
+    calls, casts = trace._replay["calls"], trace._replay["autocast"]
     saved = {op.index: op._value for op in trace.ops if op.saved}
     report = ValidationReport("forward", provenance=trace.provenance)
     with torch.no_grad():
@@ -150,15 +172,17 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
             args = _resolve(args, trace, model, saved)
             kwargs = _resolve(kwargs, trace, model, saved)
             args = _fresh_first(op, args)
-            out = call_batched(func, args, kwargs)
+            with _autocast(casts.get(op.index)):
+                out = call_batched(func, args, kwargs)
             if out is None:  # __setitem__ mutates its first argument
                 out = args[0].value if isinstance(args[0], Batched) else args[0]
-            got, expected = _tensors(out), _tensors(op._value)
+            got, expected = map(_dense, _tensors(out)), map(_dense, _tensors(op._value))
+            got, expected = list(got), list(expected)
             errs = [_err(g, e) for g, e in zip(got, expected)]
             worst = max(errs) if errs else 0.0
             ok = len(got) == len(expected) and all(
-                g.shape == e.shape and (torch.equal(g, e) or (g.is_floating_point() and
-                                        torch.allclose(g, e, rtol=rtol, atol=atol)))
+                g.shape == e.shape and g.dtype == e.dtype and (torch.equal(g, e) or (
+                    g.is_floating_point() and torch.allclose(g, e, rtol=rtol, atol=atol)))
                 for g, e in zip(got, expected))
             report.rows.append({"label": op.label, "status": "passed" if ok else "failed",
                                 "reason": None if ok else "replayed value differs",
@@ -188,8 +212,11 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape:
     try:
         computed = torch.autograd.grad(loss, [t for _, _, t in targets] + leaves,
                                        allow_unused=True, retain_graph=True)[: len(targets)]
-    except RuntimeError:  # the model's own backward breaks (an in-place write it needs)
-        computed = torch.autograd.grad(loss, [t for _, _, t in targets], allow_unused=True)
+    except RuntimeError as exc:  # the model's own backward breaks (an in-place write it needs)
+        if "use_reentrant" in str(exc):
+            raise _reentrant(model) from exc
+        computed = torch.autograd.grad(loss, [t for _, _, t in targets], allow_unused=True,
+                                       retain_graph=True)
     # a tensor hook sees the gradient of the value as the op produced it, also when a later
     # in-place op rebased the tensor; plain autograd.grad only sees the final version
     hooked = trace._replay["grads"]
@@ -219,6 +246,7 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape:
             continue
         ref = torch.zeros_like(t) if ref is None else ref
         got = torch.zeros_like(ref) if got is None else got.to(ref.dtype)
+        got, ref = _dense(got), _dense(ref)
         ok = got.shape == ref.shape and torch.allclose(got, ref, rtol=rtol, atol=atol)
         report.rows.append({"label": label, "status": "passed" if ok else "failed",
                             "reason": None if ok else "gradient differs from autograd",
@@ -232,7 +260,8 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
     is sent along the recorded edges."""
     saved = {op.index: op._value for op in trace.ops if op.saved}
     where = {id(t): (i, pos) for i, v in live.items() for pos, t in enumerate(_tensors(v))}
-    orders = trace._replay["orders"]
+    orders, casts = trace._replay["orders"], trace._replay["autocast"]
+    made_by = None  # (grad_fn, output_nr) -> (op index, position), made on first use
     grads: dict[tuple[int, int], torch.Tensor] = {}
     for t in outputs:
         key = where.get(id(t))
@@ -248,6 +277,16 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
         func, args_t, kwargs_t = calls[op.index]
         if func in _GRAPH_FUNCS:
             continue
+        outs = _tensors(live.get(op.index))
+        if outs and isinstance(outs[0].grad_fn, BackwardCFunction):
+            # a custom autograd.Function's output: its own backward, not the ops recorded inside
+            # its forward, sends the gradient on; asked of it on the live graph
+            if made_by is None:
+                made_by = {(t.grad_fn, t.output_nr): key for key, t in (
+                    ((i, pos), t) for i, v in live.items() for pos, t in enumerate(_tensors(v)))
+                    if t.grad_fn is not None}
+            _through_function(outs, wanted, made_by, live, grads)
+            continue
         leaves: dict[tuple[int, int], torch.Tensor] = {}
         parents: dict[int, Any] = {}
         for i in _op_refs(args_t) | _op_refs(kwargs_t):
@@ -258,7 +297,7 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
                 leaves[(i, pos)] = leaf
                 made.append(leaf)
             parents[i] = tuple(made) if isinstance(saved[i], tuple) else made[0]
-        with torch.enable_grad():
+        with torch.enable_grad(), _autocast(casts.get(op.index)):
             args = _resolve(args_t, trace, model, parents)
             kwargs = _resolve(kwargs_t, trace, model, parents)
             args = _fresh_first(op, args)
@@ -274,8 +313,34 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
                                       [g.to(o.dtype) for o, g in pairs], allow_unused=True)
         for (key, _), g in zip(inputs, got):
             if g is not None:
-                grads[key] = grads.get(key, 0) + g
+                grads[key] = grads.get(key, 0) + _unsparse(g)
     return grads
+
+
+def _reentrant(model: nn.Module) -> TorchLensError:
+    return TorchLensError(
+        f"{type(model).__name__}'s forward checkpoints activations with use_reentrant=True, "
+        "whose backward torch.autograd.grad cannot run, so there are no reference gradients",
+        code="reentrant_checkpoint",
+        teach=["torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)",
+               "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+               "{'use_reentrant': False})  # Hugging Face models"])
+
+
+def _through_function(outs, wanted, made_by, live, grads) -> None:
+    """Send an autograd.Function output's gradients to the op outputs it was applied to."""
+    pairs = [(outs[pos], g) for pos, g in wanted.items()
+             if pos < len(outs) and outs[pos].requires_grad]
+    inputs = [made_by[edge] for edge in pairs[0][0].grad_fn.next_functions if edge in made_by] \
+        if pairs else []
+    if not inputs:
+        return
+    targets = [_tensors(live[i])[pos] for i, pos in inputs]
+    got = torch.autograd.grad([o for o, _ in pairs], targets, [g.to(o.dtype) for o, g in pairs],
+                              allow_unused=True, retain_graph=True)
+    for key, g in zip(inputs, got):
+        if g is not None:
+            grads[key] = grads.get(key, 0) + _unsparse(g)
 
 
 def _fresh_first(op, args: tuple) -> tuple:

@@ -139,7 +139,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     if replay:
         result._replay = {"calls": state.calls, "live": state.live, "output": out,
                           "grads": state.grads, "versions": state.versions,
-                          "orders": state.orders}
+                          "orders": state.orders, "autocast": state.autocast}
     return result
 
 
@@ -235,6 +235,10 @@ def _keep_ends(state: CaptureState, kind: str, tensors: list, labels: set[str]) 
     for n, t in enumerate(tensors, 1):
         if f"{kind}_{n}" in labels:
             state.light[f"{kind}_{n}"] = state.keep(f"{kind}_{n}", t)
+
+
+def _dims(shape) -> list:
+    return [d if type(d) is int else None for d in shape]
 
 
 def _stack(frame: list, stacks: dict[int, list[str]]) -> list[str]:
@@ -410,11 +414,13 @@ def _objects(state, calls, module_classes, param_names, param_facts, buffer_fact
         dtype_name = names.get(dtype) or names.setdefault(dtype, str(dtype).removeprefix("torch."))
         device_name = names.get(device) or names.setdefault(device, str(device))
         shape = list(shape)
+        if out_shapes is not None:  # a nested tensor's ragged dimension (j1) is None
+            shape, out_shapes = _dims(shape), [_dims(s) for s in out_shapes]
         ops.append(Op(  # positional, in Op's field order: the fast path for big traces
             i, label, base, pass_num, kind, func,
             [labels[parents]] if type(parents) is int else [labels[p] for p in parents], [], shape,
             dtype_name, device_name,
-            [list(s) for s in out_shapes] if out_shapes is not None else [list(shape)], nbytes,
+            out_shapes if out_shapes is not None else [shape], nbytes,
             frame[0], frame[1], _stack(frame, stacks).copy(), module_outputs.get(i, []),
             list(params_used),
             list(buffers_used), time_ns, flops, inplace, is_view, slot, i in values, {},

@@ -130,7 +130,6 @@ def flops_of(name: str, args: tuple, kwargs: dict, out: torch.Size) -> int | Non
     if formula is None:
         return None
     try:
-        value = formula(args, kwargs, out)
-    except Exception:  # a shape the formula does not cover: unknown, not a crash
+        return int(formula(args, kwargs, out))
+    except Exception:  # a shape the formula does not cover (or a nested tensor's): unknown
         return None
-    return int(value) if value is not None else None

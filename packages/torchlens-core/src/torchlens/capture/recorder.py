@@ -47,6 +47,7 @@ _PASSTHROUGH = {
 _ESCAPES = {Tensor.numpy, Tensor.__array__, Tensor.untyped_storage, Tensor.storage,
             Tensor.__dlpack__}
 _SETITEM = Tensor.__setitem__
+_AUTOCAST = ("cpu", "cuda")  # device types whose autocast regions validation replays
 _NONE: tuple = ()
 _EMPTY: dict = {}  # kwargs of a call without any (never written)
 # calls whose output shares its input's storage without being a view in autograd's sense
@@ -100,6 +101,7 @@ class CaptureState:
         self.grads: dict[tuple[int, int], Any] = {}  # output gradients seen by tensor hooks
         self.versions: dict[tuple[int, int], int] = {}  # output versions right after each op
         self.orders: dict[int, list] = {}  # a transformed op's outputs' dimension orders
+        self.autocast: dict[int, tuple] = {}  # the autocast regions an op ran in
         self.advisories: list[dict[str, Any]] = []
         self.held: Held | None = None  # saved values kept by reference (copy-on-write)
         self.guard: Any = None  # a pinned block's: called with what a call is about to write
@@ -288,6 +290,13 @@ def _inputs(args: tuple, kwargs: dict) -> list:
     return found
 
 
+def ragged(t: Tensor) -> tuple[tuple, int]:
+    """(shape, bytes) of a strided nested tensor: None for a dimension its parts differ in."""
+    sizes = t._nested_tensor_size().tolist()
+    dims = tuple(d[0] if len(set(d)) == 1 else None for d in zip(*sizes)) if sizes else ()
+    return (len(sizes), *dims), t.numel() * t.element_size()
+
+
 def tensor_outputs(func, first: Any, out: Any) -> list[Tensor] | None:
     """The tensors a call produced (``__setitem__``, ``t.data = v``: the tensor it wrote), or
     None: not an op."""
@@ -343,7 +352,7 @@ class Recorder(TorchFunctionMode):
                     s.held.escape(first)
                 return out
             main = out_tensors[0]
-            if len(out_tensors) == 1:
+            if len(out_tensors) == 1 and not main.is_nested:  # (a ragged one: bytes counted now)
                 out_tensors = None
         name = _names.get(func) or func_name(func)
         tensors, param_ids, buffer_ids = s.tensors, s.param_ids, s.buffer_ids
@@ -419,7 +428,11 @@ class Recorder(TorchFunctionMode):
             if flops is None:
                 flops = ([a.shape if isinstance(a, Tensor) else a for a in args],
                          shapes(kwargs) if kwargs else kwargs)
-        shape = main.shape
+        try:
+            shape = main.shape
+        except RuntimeError:  # a strided nested tensor has no sizes
+            shape, nbytes = ragged(main)
+            out_shapes = [shape]
         s.records.append((
             name, frame, parents, params, buffers, s.shapes.setdefault(shape, shape), main.dtype,
             main.device, out_shapes, nbytes, inplace, is_view, flops, elapsed, label, "op", None))
@@ -505,6 +518,10 @@ class Recorder(TorchFunctionMode):
         """Validation: the call's template, its live output, versions and output gradients."""
         s = self.state
         s.calls[index] = (func, s.template(args), s.template(kwargs))
+        casts = tuple((device, torch.get_autocast_dtype(device)) for device in _AUTOCAST
+                      if torch.is_autocast_enabled(device))
+        if casts:  # replayed in the same autocast regions
+            s.autocast[index] = casts
         s.live[index] = out if len(out_tensors) > 1 else out_tensors[0]
         for position, t in enumerate(out_tensors):
             s.versions[(index, position)] = t._version

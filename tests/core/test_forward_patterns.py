@@ -1,0 +1,154 @@
+"""Patterns real forwards use: autocast regions, sparse and nested tensors, custom autograd
+Functions and activation checkpointing, through trace, validation, summary and save/load."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.utils.checkpoint as checkpoint
+from torch import nn
+
+import torchlens as tl
+from torchlens.errors import TorchLensError
+from torchlens.validation import validate_backward_pass, validate_forward_pass
+
+
+class Autocast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = self.a(x).relu()
+        return self.b(h.float())
+
+
+def test_ops_in_an_autocast_region_are_replayed_in_it():
+    model, x = Autocast().train(), torch.randn(4, 8)
+    trace = tl.trace(model, x)
+    assert trace["linear_1"].dtype == "bfloat16" and trace["linear_2"].dtype == "float32"
+    forward = validate_forward_pass(model, x)
+    assert forward.passed and {r["status"] for r in forward.rows} == {"passed"}
+    assert validate_backward_pass(model, x).passed
+
+
+class Sparse(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        mask = (x > 0).float().to_sparse()
+        return torch.sparse.mm(mask, self.a.weight.t()) + self.a(x)
+
+
+def test_a_sparse_value_validates_and_saves(tmp_path):
+    model, x = Sparse().train(), torch.randn(3, 8)
+    trace = tl.trace(model, x)
+    assert trace["to_sparse_1"].out.layout == torch.sparse_coo
+    trace.save(tmp_path / "sparse.tlens")
+    loaded = tl.load(tmp_path / "sparse.tlens")
+    assert torch.equal(loaded["to_sparse_1"].out.to_dense(), (x > 0).float())
+    assert validate_forward_pass(model, x).passed
+    assert validate_backward_pass(model, x).passed
+
+
+class RoundThrough(torch.autograd.Function):
+    """A straight-through estimator: rounds forward, passes the gradient unchanged back."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class Quantized(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.b(RoundThrough.apply(self.a(x)))
+
+
+def test_backward_validation_goes_through_a_custom_functions_own_backward():
+    torch.manual_seed(0)
+    model, x = Quantized().train(), torch.randn(2, 8)
+    trace = tl.trace(model, x)
+    assert [op.func for op in trace if op.kind == "op"] == ["linear", "mul", "round", "div",
+                                                          "linear"]
+    report = validate_backward_pass(model, x)
+    assert report.passed
+    # the straight-through gradient reached the first linear (round's own would be zero)
+    assert [r["status"] for r in report.rows if r["label"] == "linear_1"] == ["passed"]
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, reentrant: bool):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+        self.reentrant = reentrant
+
+    def forward(self, x):
+        for layer in (self.a, self.b):
+            x = checkpoint.checkpoint(layer, x, use_reentrant=self.reentrant).relu() + x
+        return x
+
+
+def test_activation_checkpointing_validates_and_reentrant_is_refused_typed():
+    x = torch.randn(2, 8, requires_grad=True)
+    assert validate_backward_pass(Checkpointed(False).train(), x).passed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TorchLensError) as err:
+            validate_backward_pass(Checkpointed(True).train(), x)
+    assert err.value.code == "reentrant_checkpoint"
+    assert "use_reentrant=False" in err.value.teach[0]
+
+
+class Jagged(nn.Module):
+    """Two sequences of different lengths as one nested (jagged) tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+
+    def forward(self, x):
+        nested = torch.nested.nested_tensor([x[0, :2], x[0, 2:]], layout=torch.jagged)
+        return torch.cat(self.a(nested).unbind(), 0)
+
+
+def test_a_nested_tensor_has_its_ragged_dimension_unknown_and_its_real_bytes(tmp_path):
+    model, x = Jagged(), torch.randn(1, 5, 8)
+    trace = tl.trace(model, x)
+    (linear,) = [op for op in trace if op.func == "linear"]
+    assert linear.shape == [2, None, 8] and linear.nbytes == 5 * 8 * 4
+    torch.testing.assert_close(trace.output, model(x))
+    assert tl.summary(model, x).rows
+    trace.save(tmp_path / "jagged.tlens")
+    loaded = tl.load(tmp_path / "jagged.tlens")[linear.label].out
+    assert loaded.is_nested and torch.equal(loaded.values(), linear.out.values())
+    assert validate_forward_pass(model, x).passed
+    assert validate_backward_pass(model.train(), x).passed
+
+
+class Strided(nn.Module):
+    def forward(self, x):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the strided layout is a prototype
+            nested = torch.nested.nested_tensor([x[0, :2], x[0, 2:]])
+        return torch.nested.to_padded_tensor(nested.relu(), 0.0)
+
+
+def test_a_strided_nested_tensor_in_the_forward_is_recorded():
+    x = torch.randn(1, 5, 8)
+    trace = tl.trace(Strided(), x)
+    (relu,) = [op for op in trace if op.func == "relu"]
+    assert relu.shape == [2, None, 8] and relu.nbytes == 5 * 8 * 4
+    assert trace.output.shape == (2, 3, 8)
