@@ -152,3 +152,20 @@ def test_a_strided_nested_tensor_in_the_forward_is_recorded():
     (relu,) = [op for op in trace if op.func == "relu"]
     assert relu.shape == [2, None, 8] and relu.nbytes == 5 * 8 * 4
     assert trace.output.shape == (2, 3, 8)
+
+
+def test_an_exported_module_is_traced_summarized_and_validated():
+    """``torch.export``'s module calls ``torch.ops.aten`` overloads and refuses ``eval()``."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+    x = torch.randn(2, 8)
+    exported = torch.export.export(model, (x,)).module()
+    trace = tl.trace(exported, x)
+    assert [(op.label, op.params) for op in trace if op.kind == "op"] == [
+        ("linear_1", ["0.weight", "0.bias"]), ("relu_1", []), ("linear_2", ["2.weight", "2.bias"])]
+    assert trace["linear_1"].flops == 2 * 2 * 8 * 8
+    torch.testing.assert_close(trace.output, model(x))
+    flags = [m.training for m in exported.modules()]
+    receipt = tl.summary(exported, x).receipt
+    assert receipt.verified and not receipt.restored_flags
+    assert [m.training for m in exported.modules()] == flags
+    assert validate_forward_pass(exported, x).passed

@@ -23,7 +23,8 @@ def func_name(func: Any) -> str:
         return NAMES[func]
     except (KeyError, TypeError):
         pass
-    name = getattr(func, "__name__", None) or type(func).__name__
+    packet = getattr(func, "overloadpacket", None)  # ``torch.ops.aten.linear.default``: linear
+    name = getattr(packet or func, "__name__", None) or type(func).__name__
     if name in ("__get__", "__set__"):  # a Tensor property such as .T or .data
         owner = getattr(func, "__self__", None)
         prefix = "set_" if name == "__set__" else ""  # ``t.data = v`` is ``set_data``

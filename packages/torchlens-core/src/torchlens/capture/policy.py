@@ -440,6 +440,16 @@ def pinned(model: nn.Module, surface: str, grad: bool = False,
         yield box
 
 
+def _eval(model: nn.Module) -> None:
+    """Eval mode. A module that refuses ``eval()`` (``torch.export``'s: its graph's mode was
+    fixed when it was exported) gets its flags set directly, all there is to set."""
+    try:
+        model.eval()
+    except NotImplementedError:
+        for module in model.modules():
+            module.training = False
+
+
 @contextlib.contextmanager
 def _pinned(model: nn.Module, surface: str, grad: bool = False,
            inv: Inventory | None = None) -> Iterator[dict[str, Any]]:
@@ -469,13 +479,13 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
         it sees the state the caller left; what it undid still goes on the receipt."""
         _restore(model, flags, hooks, params, buffer_slots, copies, undone)
         if any(flag for _, _, flag in flags):
-            model.eval()
+            _eval(model)
 
     box["reset"] = reset
     try:
         with torch.random.fork_rng(devices=devices), torch.set_grad_enabled(grad), eager():
             if any(flag for _, _, flag in flags):
-                model.eval()
+                _eval(model)
             try:
                 yield box
             finally:
