@@ -399,14 +399,13 @@ class Recorder(TorchFunctionMode):
                 break
         if len(parents) == 1:
             parents = parents[0]
+        elif not parents and not s.transformed and is_wrapped(main):
+            s.transformed = True  # an op without inputs can be the first inside a transform
         inplace = main is first and first._version != version_before
-        if s.transformed or parents == [] and is_wrapped(main):
-            # inside a functorch transform (``torch.vmap``), or just out of one; an op without
-            # inputs can be the first inside (``torch.rand`` with different randomness)
+        if s.transformed:  # inside a functorch transform (``torch.vmap``), or just out of one
             if inside() is None:
                 s.transformed = False
             elif is_wrapped(main):  # record the real tensors, vmapped dimensions first
-                s.transformed = True
                 return self._record_real(func, name, args, kwargs, out, out_tensors or [main],
                                          parents, params, buffers, inplace, elapsed)
         index = len(s.records)
