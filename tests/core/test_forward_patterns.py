@@ -169,3 +169,31 @@ def test_an_exported_module_is_traced_summarized_and_validated():
     assert receipt.verified and not receipt.restored_flags
     assert [m.training for m in exported.modules()] == flags
     assert validate_forward_pass(exported, x).passed
+
+
+def _conv_net():
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True)).eval()
+
+
+def test_surfaces_called_inside_inference_mode_run_and_leave_it_on():
+    torch.manual_seed(0)
+    model, x = _conv_net(), torch.randn(1, 3, 8, 8)
+    with torch.inference_mode():
+        made = x.clone()  # an inference tensor: no version counter
+        expected = model(made)
+        trace = tl.trace(model, x)
+        assert torch.equal(trace.output, expected) and torch.equal(trace["relu_1"].out, expected)
+        assert tl.summary(model, made).receipt.verified
+        assert validate_forward_pass(model, made).passed
+        recording = tl.record(model, [made, made], save=["relu_1"], progress=False)
+        assert torch.equal(recording["relu_1"], torch.cat([expected, expected]))
+        assert torch.is_inference_mode_enabled()
+    assert torch.equal(tl.trace(model, made).output, expected)  # made there, traced here
+
+
+def test_a_model_built_in_inference_mode_is_refused_before_its_forward():
+    with torch.inference_mode():
+        model = nn.Linear(4, 4)
+    with pytest.raises(TorchLensError) as err:
+        tl.trace(model, torch.randn(2, 4))
+    assert err.value.code == "inference_parameters" and "outside" in err.value.teach[0]

@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from .capture.engine import capturing
+from .capture.inference import outside_inference_mode
 from .capture.policy import pending_lazy, pinned
 from .errors import CaptureError, InputError, InputTypeError
 from .ladder import ABSENT, MAX_PROBES, Resolution, infer, resolve
@@ -53,6 +54,7 @@ def _check(model: Any) -> None:
             teach=["with torch.no_grad(): model(x)  # materialize outside capture, then re-run"])
 
 
+@outside_inference_mode
 def guess_input_shape(model: nn.Module, hints: dict | None = None) -> Guess:
     """Infer an input for ``model`` with at most ``MAX_PROBES`` pinned plain forwards.
 
@@ -73,6 +75,7 @@ def guess_input_shape(model: nn.Module, hints: dict | None = None) -> Guess:
     return Guess(found.candidate, recipes, found.diary)
 
 
+@outside_inference_mode
 def resolve_input(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
                   input_shape: Any = None, hints: dict | None = None, tokenizer: Any = None,
                   processor: Any = None, preprocess: Any = None) -> Resolution:

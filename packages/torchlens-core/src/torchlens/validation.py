@@ -17,6 +17,7 @@ from torch.autograd.function import BackwardCFunction
 
 from .capture.boundaries import leaves as tensors_in
 from .capture.engine import capture
+from .capture.inference import outside_inference_mode
 from .capture.policy import pinned
 from .capture.transforms import Batched, call_batched, in_front
 from .errors import TorchLensError
@@ -146,6 +147,7 @@ def _capture(model, x, input_shape, surface, grad, options):
     return result
 
 
+@outside_inference_mode
 def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: Any = None,
                           rtol: float = 1e-5, atol: float = 1e-6,
                           **resolve_options: Any) -> ValidationReport:
@@ -190,6 +192,7 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
     return report
 
 
+@outside_inference_mode
 def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: Any = None,
                            rtol: float = 1e-4, atol: float = 1e-6,
                            **resolve_options: Any) -> ValidationReport:

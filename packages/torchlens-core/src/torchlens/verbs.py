@@ -11,7 +11,9 @@ from typing import Any
 
 from torch import nn
 
+from .capture.boundaries import leaves
 from .capture.engine import capture, capturing, parse_save, saves_nothing
+from .capture.inference import ordinary, outside_inference_mode, refuse_inference_parameters
 from .capture.inventory import Inventory, inventory
 from .capture.meta import check_inputs, refuse_values
 from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash, warm_up
@@ -43,6 +45,7 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
     inv = inventory(model)
     if inv.scripted:
         _refuse_scripted(inv.scripted, surface)
+    refuse_inference_parameters(model, inv.params, surface)
     lazy = inv.pending_lazy()
     buffers = [n for n, kind in lazy.items() if kind == "buffer"]
     if buffers:
@@ -106,6 +109,8 @@ def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, inpu
     res = resolve(model, value, input_kwargs=input_kwargs, input_shape=input_shape,
                   surface=surface, options=options, probe=probe, hints=hints)
     check_inputs(model, res.args, res.kwargs, surface, inv)
+    if any(t.is_inference() for t in leaves((res.args, res.kwargs), [])):
+        res.args, res.kwargs = ordinary(res.args), ordinary(res.kwargs)
     if res.verified is None:  # no probe ran a forward since the check
         res.inventory = inv
     return res
@@ -116,6 +121,7 @@ def _options(tokenizer: Any, processor: Any, preprocess: Any, labels: Any = None
             "labels": labels}
 
 
+@outside_inference_mode
 def rerun(previous: Trace, input: Any, /, *, input_kwargs: dict | None = None,
           **options: Any) -> Trace:
     """``Trace.run``: trace the same model on a new real input with the previous trace's capture
@@ -138,6 +144,7 @@ def rerun(previous: Trace, input: Any, /, *, input_kwargs: dict | None = None,
     return trace(model, input, input_kwargs=input_kwargs, **options)
 
 
+@outside_inference_mode
 def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
           input_shape: Any = None, save: Any = "all", intervention_ready: bool = False,
           tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
@@ -206,6 +213,7 @@ def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, inp
     return result
 
 
+@outside_inference_mode
 def summary(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
             input_shape: Any = None, depth: int | None = 3, ops: bool = False,
             tokenizer: Any = None, processor: Any = None, preprocess: Any = None) -> Summary:
@@ -219,6 +227,7 @@ def summary(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | No
     return Summary(result, depth=depth, ops=ops)
 
 
+@outside_inference_mode
 def draw(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
          input_shape: Any = None, theme: str = "light", collapse: str | int = "auto",
          module: str | None = None, depth: int | None = None, path: Any = None,

@@ -6,6 +6,7 @@ from typing import Any
 
 from torch import nn
 
+from ..capture.inference import outside_inference_mode
 from ..errors import InputError
 from ..ladder import ABSENT
 
@@ -13,6 +14,7 @@ SAVE_TEACH = ["tl.record(model, inputs, save=['conv2d_1', 'layer1'])",
               "tl.recording.dry_run(model, x, save=[...])  # see what would be recorded"]
 
 
+@outside_inference_mode
 def dry_run(model: nn.Module, x: Any = ABSENT, /, *, save: list[str], input_shape: Any = None,
             tokenizer: Any = None, processor: Any = None, preprocess: Any = None
             ) -> list[dict[str, Any]]:

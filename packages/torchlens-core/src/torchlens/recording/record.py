@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..capture.engine import capture_selected, parse_save
+from ..capture.inference import outside_inference_mode
 from ..capture.inventory import inventory
 from ..capture.meta import refuse_values
 from ..errors import InputError
@@ -110,6 +111,7 @@ def _inputs(inputs: Any) -> tuple[Iterable, int | None, bool]:
 _END = object()
 
 
+@outside_inference_mode
 def record(model: nn.Module, inputs: Any, /, *, save: list[str],
            to: str | os.PathLike | None = None, dtype: torch.dtype | None = None,
            reduce: Any = None, batch_size: int = 1,
