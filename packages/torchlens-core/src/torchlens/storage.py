@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise _invalid(path, f"inconsistent contents ({type(exc).__name__}: {exc})") from exc
 
 
-def revive(value):
+def revive(value: Any) -> Any:
     """A saved value as it was: a nested tensor is put together from its parts."""
     if not isinstance(value, dict):
         return value

@@ -177,9 +177,9 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
             with _autocast(casts.get(op.index)):
                 out = call_batched(func, args, kwargs)
             if out is None:  # __setitem__ mutates its first argument
-                out = args[0].value if isinstance(args[0], Batched) else args[0]
-            got, expected = map(_dense, _tensors(out)), map(_dense, _tensors(op._value))
-            got, expected = list(got), list(expected)
+                out = _first(args)
+            got = [_dense(t) for t in _tensors(out)]
+            expected = [_dense(t) for t in _tensors(op._value)]
             errs = [_err(g, e) for g, e in zip(got, expected)]
             worst = max(errs) if errs else 0.0
             ok = len(got) == len(expected) and all(
@@ -305,8 +305,7 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
             kwargs = _resolve(kwargs_t, trace, model, parents)
             args = _fresh_first(op, args)
             out = call_batched(func, args, kwargs)
-            first = args[0].value if args and isinstance(args[0], Batched) else args and args[0]
-            outs = _tensors(first if out is None else out)
+            outs = _tensors(_first(args) if out is None else out)
             pairs = [(outs[pos], g) for pos, g in wanted.items()
                      if pos < len(outs) and outs[pos].requires_grad]
             inputs = [(k, t) for k, t in leaves.items() if t.requires_grad]
@@ -355,6 +354,11 @@ def _fresh_first(op, args: tuple) -> tuple:
     if isinstance(args[0], torch.Tensor):
         return (args[0].clone(), *args[1:])
     return args
+
+
+def _first(args: tuple) -> Any:
+    """The first argument as a value (what ``__setitem__`` wrote)."""
+    return args[0].value if isinstance(args[0], Batched) else args[0]
 
 
 def _op_refs(template: Any) -> set[int]:

@@ -238,6 +238,7 @@ def _keep_ends(state: CaptureState, kind: str, tensors: list, labels: set[str]) 
 
 
 def _dims(shape) -> list:
+    """A shape as a list of ints, None for a nested tensor's ragged (symbolic) dimension."""
     return [d if type(d) is int else None for d in shape]
 
 

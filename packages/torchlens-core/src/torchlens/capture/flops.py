@@ -130,6 +130,7 @@ def flops_of(name: str, args: tuple, kwargs: dict, out: torch.Size) -> int | Non
     if formula is None:
         return None
     try:
-        return int(formula(args, kwargs, out))
+        value = formula(args, kwargs, out)
+        return None if value is None else int(value)
     except Exception:  # a shape the formula does not cover (or a nested tensor's): unknown
         return None
