@@ -164,3 +164,33 @@ def test_a_random_op_first_inside_vmap_is_batched_and_its_trace_saves(tmp_path):
     assert trace["rand_1"].shape == [3, 4] and trace["add_1"].parents == ["rand_1", "input_1"]
     trace.save(tmp_path / "noisy.tlens")
     assert torch.equal(tl.load(tmp_path / "noisy.tlens")["rand_1"].out, trace["rand_1"].out)
+
+
+class Jacobians(nn.Module):
+    """jacrev (autograd.grad under vmap), jacfwd (dual numbers under vmap) and vmap(grad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.f, self.g = nn.Linear(3, 3), nn.Linear(9, 2)
+
+    def forward(self, x):
+        rev = torch.func.jacrev(lambda v: torch.tanh(self.f(v)))(x[0])
+        fwd = torch.func.jacfwd(lambda v: torch.sin(v) * 2)(x[1])
+        per_row = torch.func.vmap(torch.func.grad(lambda v: (v ** 3).sum()))(x)
+        return self.g((rev + fwd + per_row.sum()).reshape(1, 9))
+
+
+def test_jacobians_in_a_forward_validate_what_a_replay_can_and_say_what_it_cannot():
+    torch.manual_seed(0)
+    model, x = Jacobians(), torch.randn(2, 3)
+    trace = tl.trace(model, x)
+    torch.testing.assert_close(trace.output, model(x))
+    forward = validate_forward_pass(model, x)
+    assert not forward.failed
+    skipped = {r["label"]: r["reason"] for r in forward.rows if r["status"] == "skipped"}
+    assert {"grad_1", "make_dual_1", "unpack_dual_1", "grad_2"} <= skipped.keys()
+    assert "dual" in skipped["make_dual_1"] and "autograd graph" in skipped["grad_1"]
+    backward = validate_backward_pass(model, x)
+    assert not backward.failed
+    cut = {r["label"]: r["reason"] for r in backward.rows if r["status"] == "skipped"}
+    assert cut and all("passes through grad_" in reason for reason in cut.values())

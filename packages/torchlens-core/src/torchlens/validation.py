@@ -30,8 +30,16 @@ RANDOM_FUNCS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_
                 "rrelu", "empty", "empty_like", "exponential_", "geometric_", "cauchy_",
                 "log_normal_", "random_"}
 
-# calls whose result comes from the forward's own autograd graph (``torch.func.grad`` makes one)
-_GRAPH_FUNCS = {torch.autograd.grad, torch.autograd.backward}
+# calls whose result comes from the forward's own autograd graph (``torch.func.grad`` makes
+# one), or from forward-mode AD's dual numbers (``torch.func.jacfwd``'s): why each is not replayed
+_GRAPH_FUNCS = {
+    torch.autograd.grad: "differentiates the forward's own autograd graph, which saved values "
+                         "do not carry",
+    torch.autograd.backward: "differentiates the forward's own autograd graph, which saved "
+                             "values do not carry",
+    torch._make_dual: "a forward-mode AD dual number, which lives in its dual level only",
+    torch._unpack_dual: "a forward-mode AD dual number, which lives in its dual level only",
+}
 
 
 @dataclass
@@ -154,7 +162,7 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
     """Replay every op from its saved parents and compare with its saved output.
     ``resolve_options`` (tokenizer=, processor=, preprocess=) reach the input resolver."""
     trace = _capture(model, x, input_shape, "validation", False, resolve_options)
-    calls, casts = trace._replay["calls"], trace._replay["autocast"]
+    calls, casts, orders = (trace._replay[k] for k in ("calls", "autocast", "orders"))
     saved = {op.index: op._value for op in trace.ops if op.saved}
     report = ValidationReport("forward", provenance=trace.provenance)
     with torch.no_grad():
@@ -168,14 +176,22 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
             func, args, kwargs = calls[op.index]
             if func in _GRAPH_FUNCS:
                 report.rows.append({"label": op.label, "status": "skipped", "max_abs_err": None,
-                                    "reason": "differentiates the forward's own autograd graph, "
-                                              "which saved values do not carry"})
+                                    "reason": _GRAPH_FUNCS[func]})
                 continue
             args = _resolve(args, trace, model, saved)
             kwargs = _resolve(kwargs, trace, model, saved)
             args = _fresh_first(op, args)
-            with _autocast(casts.get(op.index)):
-                out = call_batched(func, args, kwargs)
+            try:
+                with _autocast(casts.get(op.index)):
+                    out = call_batched(func, args, kwargs)
+            except RuntimeError as exc:
+                if op.index not in orders:
+                    raise
+                # inside a transform that vmap alone does not rebuild (jacfwd's dual numbers)
+                report.rows.append({"label": op.label, "status": "skipped", "max_abs_err": None,
+                                    "reason": "needs the functorch transform it ran in: "
+                                              + str(exc).splitlines()[0][:120]})
+                continue
             if out is None:  # __setitem__ mutates its first argument
                 out = _first(args)
             got = [_dense(t) for t in _tensors(out)]
@@ -224,7 +240,7 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape:
     # in-place op rebased the tensor; plain autograd.grad only sees the final version
     hooked = trace._replay["grads"]
     reference = [hooked.get((op.index, pos), g) for (op, pos, _), g in zip(targets, computed)]
-    ours = _graph_grads(trace, calls, model, live, outputs)
+    ours, blocked = _graph_grads(trace, calls, model, live, outputs)
     report = ValidationReport("backward", provenance=trace.provenance)
     versions, orders = trace._replay["versions"], trace._replay["orders"]
     for (op, pos, t), ref in zip(targets, reference):
@@ -251,21 +267,32 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape:
         got = torch.zeros_like(ref) if got is None else got.to(ref.dtype)
         got, ref = _dense(got), _dense(ref)
         ok = got.shape == ref.shape and torch.allclose(got, ref, rtol=rtol, atol=atol)
+        if not ok and op.index in blocked:
+            report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
+                                "reason": f"part of its gradient passes through "
+                                          f"{blocked[op.index]}, which a replay of saved values "
+                                          "cannot follow"})
+            continue
         report.rows.append({"label": label, "status": "passed" if ok else "failed",
                             "reason": None if ok else "gradient differs from autograd",
                             "max_abs_err": _err(got, ref)})
     return report
 
 
-def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], torch.Tensor]:
+def _graph_grads(trace, calls, model, live, outputs
+                 ) -> tuple[dict[tuple[int, int], torch.Tensor], dict[int, str]]:
     """Gradients of sum(outputs) w.r.t. every op output using only the recorded graph: each op
     is replayed on detached copies of its parents' saved values and its vector-Jacobian product
-    is sent along the recorded edges."""
+    is sent along the recorded edges. Also returns the ops upstream of one whose gradient the
+    replay cannot follow (an ``autograd.grad`` call, an op only its transform can run), each
+    with that op's label."""
     saved = {op.index: op._value for op in trace.ops if op.saved}
     where = {id(t): (i, pos) for i, v in live.items() for pos, t in enumerate(_tensors(v))}
     orders, casts = trace._replay["orders"], trace._replay["autocast"]
     made_by = None  # (grad_fn, output_nr) -> (op index, position), made on first use
     grads: dict[tuple[int, int], torch.Tensor] = {}
+    blocked: dict[int, str] = {}
+    by_label = {o.label: o for o in trace.ops}
     for t in outputs:
         key = where.get(id(t))
         if key is not None:
@@ -279,6 +306,7 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
             continue
         func, args_t, kwargs_t = calls[op.index]
         if func in _GRAPH_FUNCS:
+            _upstream(op, by_label, blocked)
             continue
         outs = _tensors(live.get(op.index))
         if outs and isinstance(outs[0].grad_fn, BackwardCFunction):
@@ -304,7 +332,13 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
             args = _resolve(args_t, trace, model, parents)
             kwargs = _resolve(kwargs_t, trace, model, parents)
             args = _fresh_first(op, args)
-            out = call_batched(func, args, kwargs)
+            try:
+                out = call_batched(func, args, kwargs)
+            except RuntimeError:
+                if op.index not in orders:
+                    raise
+                _upstream(op, by_label, blocked)  # only its functorch transform can run it
+                continue
             outs = _tensors(_first(args) if out is None else out)
             pairs = [(outs[pos], g) for pos, g in wanted.items()
                      if pos < len(outs) and outs[pos].requires_grad]
@@ -316,7 +350,17 @@ def _graph_grads(trace, calls, model, live, outputs) -> dict[tuple[int, int], to
         for (key, _), g in zip(inputs, got):
             if g is not None:
                 grads[key] = grads.get(key, 0) + _unsparse(g)
-    return grads
+    return grads, blocked
+
+
+def _upstream(op, ops: dict[str, Any], blocked: dict[int, str]) -> None:
+    """Mark every op ``op`` reads from, directly or not, as cut off by ``op``."""
+    todo = list(op.parents)
+    while todo:
+        parent = ops[todo.pop()]
+        if parent.index not in blocked:
+            blocked[parent.index] = op.label
+            todo.extend(parent.parents)
 
 
 def _reentrant(model: nn.Module) -> TorchLensError:
