@@ -185,3 +185,11 @@ def test_options_validate_without_a_trace():
         validate_options(collapse="auto", open_browser=True)
     assert err.value.code == "draw_option_invalid"
     assert "open_viewer" in err.value.teach[-1]
+
+
+def test_a_nested_tensors_ragged_dimension_is_drawn_as_unknown(tmp_path):
+    from tests.core.test_forward_patterns import Jagged
+
+    trace = tl.trace(Jagged(), torch.randn(1, 5, 8))
+    trace.draw(file_format="svg", path=tmp_path / "jagged.svg")
+    assert "2×?×8" in (tmp_path / "jagged.svg").read_text()

@@ -81,13 +81,14 @@ class GraphView:
         return [node.title for node in self.nodes]
 
 
-def format_shape(shape: Sequence[int] | None) -> str:
-    """``(1, 3, 224, 224)`` → ``"1×3×224×224"``; a scalar → ``"scalar"``; unknown → ``""``."""
+def format_shape(shape: Sequence[int | None] | None) -> str:
+    """``(1, 3, 224, 224)`` → ``"1×3×224×224"``; a scalar → ``"scalar"``; unknown → ``""``; a
+    nested tensor's ragged dimension (None) → ``"?"``."""
     if shape is None:
         return ""
     if len(shape) == 0:
         return "scalar"
-    return "×".join(str(int(d)) for d in shape)
+    return "×".join("?" if d is None else str(int(d)) for d in shape)
 
 
 def format_count(n: int) -> str:
