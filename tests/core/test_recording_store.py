@@ -271,3 +271,34 @@ def test_progress_bar_shows_rows_and_bytes(tmp_path, capsys):
     assert "tl.record" in err and "rows" in err and "MB" in err
     tl.record(model, xs, save=["cell"], to=tmp_path / "quiet", progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_a_shard_whose_manifest_cannot_be_written_is_taken_back(tmp_path, monkeypatch):
+    """The disk fills between a shard and the manifest that would list it: the shard goes too,
+    so every shard file is one the manifest lists, and the same call resumes."""
+    from torchlens.recording import writer
+    from torchlens.recording.manifest import RecordingError
+
+    model, xs = recurrent_inputs(6)
+    reference = tl.record(model, xs, save=["cell"], to=tmp_path / "ref", shard_bytes=1,
+                          progress=False)
+    real = writer.write_json
+
+    def full_at_the_third_shard(path, data):
+        if len(data.get("shards", ())) == 3:
+            raise RecordingError("could not write: No space left on device",
+                                 code="recording_write_failed", teach=[])
+        real(path, data)
+
+    monkeypatch.setattr(writer, "write_json", full_at_the_third_shard)
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.record(model, xs, save=["cell"], to=tmp_path / "acts", shard_bytes=1, progress=False)
+    assert err.value.code == "recording_write_failed"
+    partial = tl.recording.open(tmp_path / "acts")
+    assert sorted(p.name for p in (tmp_path / "acts" / "shards").iterdir()) == sorted(
+        s["file"].rpartition("/")[2] for s in partial.manifest["shards"])
+    assert len(partial.manifest["shards"]) == 2
+    monkeypatch.setattr(writer, "write_json", real)
+    rec = tl.record(model, xs, save=["cell"], to=tmp_path / "acts", shard_bytes=1,
+                    progress=False)
+    assert rec.complete and torch.equal(rec["cell"][0:12], reference["cell"][0:12])

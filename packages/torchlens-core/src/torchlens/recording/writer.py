@@ -243,14 +243,20 @@ class ShardWriter:
         metadata = {"rank": str(self.rank), "index": str(index)}
         write_atomic(path, lambda tmp: _save(tensors, tmp, metadata), tmp=self.staging / name)
         size = path.stat().st_size
-        self.part["shards"].append({
-            "file": f"{SHARDS}/{name}", "rank": self.rank, "index": index,
-            "items": [first, first + len(rows)], "rows": sum(rows), "bytes": size,
-            "item_rows": rows[0] if len(set(rows)) == 1 else rows})
-        self.part["items"] += len(rows)
-        self.part["rows"] += sum(rows)
+        shard = {"file": f"{SHARDS}/{name}", "rank": self.rank, "index": index,
+                 "items": [first, first + len(rows)], "rows": sum(rows), "bytes": size,
+                 "item_rows": rows[0] if len(set(rows)) == 1 else rows}
+        part = {**self.part, "shards": [*self.part["shards"], shard],
+                "items": self.part["items"] + len(rows), "rows": self.part["rows"] + sum(rows)}
+        try:
+            write_json(self.folder / rank_manifest(self.rank), part)
+        except RecordingError:  # (disk full) no manifest lists the shard: it goes too
+            path.unlink(missing_ok=True)
+            raise
+        self.part = part
         self.bytes_written += size
-        self._write_manifests()
+        if part["world_size"] == 1:
+            write_json(self.folder / MANIFEST, merge([part]))
 
     def close(self) -> None:
         """Flush what is pending, wait for it, and mark this rank complete."""
