@@ -248,15 +248,19 @@ class ShardWriter:
                  "item_rows": rows[0] if len(set(rows)) == 1 else rows}
         part = {**self.part, "shards": [*self.part["shards"], shard],
                 "items": self.part["items"] + len(rows), "rows": self.part["rows"] + sum(rows)}
+        # alone, the readers' manifest first: a shard file is listed there or gone, and a resume
+        # (from this rank's manifest) that does not list it yet writes it again
+        single = part["world_size"] == 1
+        first = (MANIFEST, merge([part])) if single else (rank_manifest(self.rank), part)
         try:
-            write_json(self.folder / rank_manifest(self.rank), part)
+            write_json(self.folder / first[0], first[1])
         except RecordingError:  # (disk full) no manifest lists the shard: it goes too
             path.unlink(missing_ok=True)
             raise
         self.part = part
         self.bytes_written += size
-        if part["world_size"] == 1:
-            write_json(self.folder / MANIFEST, merge([part]))
+        if single:
+            write_json(self.folder / rank_manifest(self.rank), part)
 
     def close(self) -> None:
         """Flush what is pending, wait for it, and mark this rank complete."""
