@@ -251,9 +251,10 @@ class ShardWriter:
         # alone, the readers' manifest first: a shard file is listed there or gone, and a resume
         # (from this rank's manifest) that does not list it yet writes it again
         single = part["world_size"] == 1
-        first = (MANIFEST, merge([part])) if single else (rank_manifest(self.rank), part)
+        manifest, listing = (MANIFEST, merge([part])) if single else (rank_manifest(self.rank),
+                                                                       part)
         try:
-            write_json(self.folder / first[0], first[1])
+            write_json(self.folder / manifest, listing)
         except RecordingError:  # (disk full) no manifest lists the shard: it goes too
             path.unlink(missing_ok=True)
             raise
