@@ -391,7 +391,8 @@ class Recorder(TorchFunctionMode):
                         s.producer(t)
                     if index not in parents:
                         parents.append(index)
-                elif p is None:  # a tensor no op made, or a functorch transform's wrapper
+                elif p is None and key not in buffer_ids:  # no op made it, or a transform's
+                    # wrapper of one that an op made
                     index = s.unseen(t)
                     if index is not None and index not in parents:
                         parents.append(index)
