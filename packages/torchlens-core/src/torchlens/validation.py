@@ -273,6 +273,13 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape:
                                           f"{blocked[op.index]}, which a replay of saved values "
                                           "cannot follow"})
             continue
+        if not ok and t._is_view() and t._version != versions[(op.index, pos)]:
+            # its hook sees only the reads made before the write: autograd sends the gradient
+            # of what was read after it through the base (whose own row checks that part)
+            report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
+                                "reason": "a view written in place later: autograd sends the "
+                                          "gradient of its later reads through its base"})
+            continue
         report.rows.append({"label": label, "status": "passed" if ok else "failed",
                             "reason": None if ok else "gradient differs from autograd",
                             "max_abs_err": _err(got, ref)})

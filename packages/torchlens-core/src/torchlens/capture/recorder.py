@@ -526,6 +526,9 @@ class Recorder(TorchFunctionMode):
         for position, t in enumerate(out_tensors):
             s.versions[(index, position)] = t._version
             if t.requires_grad:
+                # a view whose elements were written through another view has a stale grad_fn
+                # until it is read, and torch crashes (SIGSEGV) registering a hook before that
+                t.grad_fn  # noqa: B018
                 t.register_hook(partial(_keep_grad, s.grads, (index, position)))
 
     def _note_failure(self, func, args, kwargs, exc) -> None:
