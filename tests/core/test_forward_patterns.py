@@ -252,3 +252,27 @@ def test_backward_validation_survives_a_view_written_twice_through_views_of_it()
                          env=child_env())
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
+
+
+class ResidualInFloat32(nn.Module):
+    """Mamba's block: the residual is ``hidden.to(torch.float32)``, which returns ``hidden``
+    itself when it is float32 already, read after the branch that normalizes it."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm, self.mix = nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 6)
+
+    def forward(self, x):
+        hidden = self.embed(x)
+        branch = self.mix(self.norm(hidden.to(torch.float32)))
+        residual = hidden.to(torch.float32)
+        return (residual + branch).pow(2).sum()
+
+
+def test_ops_that_return_the_same_tensor_validate_backward():
+    torch.manual_seed(0)
+    report = validate_backward_pass(ResidualInFloat32(), torch.randn(2, 6))
+    rows = {row["label"]: row for row in report.rows}
+    assert report.passed and rows["linear_1"]["status"] == "passed"
+    # one tensor, three ops: autograd's gradient is the tensor's, from both reads
+    assert rows["to_2"]["status"] == "skipped" and "same tensor" in rows["to_2"]["reason"]
