@@ -141,3 +141,30 @@ def test_validation_leaves_the_model_as_it_was():
     assert model.training
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x, mask=None):
+        out = self.lin(x)
+        return out if mask is None else out * mask
+
+
+@pytest.mark.parametrize("verb", ["validate_forward_pass", "validate_backward_pass"])
+def test_validation_takes_its_input_as_trace_does_and_teaches_without_one(verb):
+    model, calls = Masked(), []
+    model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    validate = getattr(tl.validation, verb)
+    x, mask = torch.rand(1, 3), torch.tensor([[1.0, 0.0]])
+    report = validate(model, x, input_kwargs={"mask": mask})
+    assert report.passed and "mul_1" in [row["label"] for row in report.rows]
+    calls.clear()
+    with pytest.raises(tl.TorchLensError) as err:
+        validate(model)
+    assert err.value.code == "input_inference_failed" and not calls
+    assert err.value.teach[0] == f"tl.validation.{verb}(model, x)  # your real input (best)"
+    with pytest.raises(TypeError):  # an unknown keyword is refused, not ignored
+        validate(model, x, input_kwarg={"mask": mask})

@@ -21,7 +21,7 @@ from .capture.engine import capture
 from .capture.inference import outside_inference_mode
 from .capture.policy import pinned
 from .capture.transforms import Batched, call_batched, in_front
-from .errors import TorchLensError
+from .errors import InputError, TorchLensError
 from .ladder import ABSENT
 
 # Ops whose values are random or uninitialized by design: replay cannot reproduce them. Dropout
@@ -143,26 +143,36 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
 
 
-def _capture(model, x, input_shape, surface, grad, options):
+def _capture(model, x, input_kwargs, input_shape, verb: str, grad: bool, options: dict):
     from .capture.meta import refuse_values
-    from .verbs import resolve_for
+    from .verbs import _options, resolve_for
 
     refuse_values(model, "validation", "a replay of saved values")
-    res = resolve_for(model, x, input_kwargs=None, input_shape=input_shape, surface=surface,
-                      options=options, probe=None)
-    with pinned(model, surface, grad=grad):
+    if x is ABSENT and input_shape is None and not input_kwargs:
+        # a replay compares values a real call saved: nothing is probed for it
+        raise InputError(
+            f"tl.validation.{verb} needs an input: it replays the values a capture of one call "
+            "saved", code="input_inference_failed",
+            teach=[f"tl.validation.{verb}(model, x)  # your real input (best)",
+                   f"tl.validation.{verb}(model, input_shape=(1, 3, 224, 224))  # or its shape",
+                   "tl.debug.guess_input_shape(model)  # to find a shape that runs"])
+    res = resolve_for(model, x, input_kwargs=input_kwargs, input_shape=input_shape,
+                      surface="validation", options=_options(**options), probe=None)
+    with pinned(model, "validation", grad=grad):
         result = capture(model, res.args, res.kwargs, save="all", replay=True)
     result.provenance = res.provenance
     return result
 
 
 @outside_inference_mode
-def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: Any = None,
-                          rtol: float = 1e-5, atol: float = 1e-6,
-                          **resolve_options: Any) -> ValidationReport:
-    """Replay every op from its saved parents and compare with its saved output.
-    ``resolve_options`` (tokenizer=, processor=, preprocess=) reach the input resolver."""
-    trace = _capture(model, x, input_shape, "validation", False, resolve_options)
+def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *,
+                          input_kwargs: dict | None = None, input_shape: Any = None,
+                          rtol: float = 1e-5, atol: float = 1e-6, tokenizer: Any = None,
+                          processor: Any = None, preprocess: Any = None) -> ValidationReport:
+    """Replay every op from its saved parents and compare with its saved output. The input is
+    taken as ``tl.trace`` takes it."""
+    trace = _capture(model, x, input_kwargs, input_shape, "validate_forward_pass", False,
+                     {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess})
     calls, casts, orders = (trace._replay[k] for k in ("calls", "autocast", "orders"))
     saved = {op.index: op._value for op in trace.ops if op.saved}
     report = ValidationReport("forward", provenance=trace.provenance)
@@ -210,12 +220,15 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: 
 
 
 @outside_inference_mode
-def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *, input_shape: Any = None,
-                           rtol: float = 1e-4, atol: float = 1e-6,
-                           **resolve_options: Any) -> ValidationReport:
+def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *,
+                           input_kwargs: dict | None = None, input_shape: Any = None,
+                           rtol: float = 1e-4, atol: float = 1e-6, tokenizer: Any = None,
+                           processor: Any = None, preprocess: Any = None) -> ValidationReport:
     """Back-propagate through the recorded graph op by op and compare every op's output
-    gradient with ``torch.autograd.grad`` on the live forward."""
-    trace = _capture(model, x, input_shape, "validation", True, resolve_options)
+    gradient with ``torch.autograd.grad`` on the live forward. The input is taken as
+    ``tl.trace`` takes it."""
+    trace = _capture(model, x, input_kwargs, input_shape, "validate_backward_pass", True,
+                     {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess})
     live, calls = trace._replay["live"], trace._replay["calls"]
     outputs = [t for t in tensors_in(trace._replay["output"], []) if t.requires_grad
                and (t.is_floating_point() or t.is_complex())]
