@@ -99,3 +99,13 @@ def test_the_command_line_summarizes_a_config_on_meta(tmp_path):
     assert drawn.returncode == 0, drawn.stderr
     assert "LlamaDecoderLayer" in (tmp_path / "g.dot").read_text()
     assert json.loads((tmp_path / "config.json").read_text())["architectures"]
+
+
+def test_a_float32_moe_on_meta_is_taught_the_dtype_its_experts_kernel_takes():
+    model = build("MixtralForCausalLM", mixtral_config(), meta=True)
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.summary(model, input_shape={"input_ids": (1, 8)})
+    assert err.value.code == "meta_op_unsupported" and "grouped_mm" in str(err.value)
+    assert err.value.teach[0].startswith("model.to(torch.bfloat16)")
+    model.to(torch.bfloat16)  # the teach's command, as written
+    assert tl.summary(model, input_shape={"input_ids": (1, 8)}).receipt.verified

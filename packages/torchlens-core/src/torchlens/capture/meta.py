@@ -79,6 +79,10 @@ def check_inputs(model: nn.Module, args: tuple, kwargs: dict, surface: str, inv:
                        "made on the model's device", MATERIALIZE_TEACH])
 
 
+# ops whose meta kernel takes one dtype only (Hugging Face's MoE experts run ``grouped_mm``)
+_META_DTYPE = {"grouped_mm": "bfloat16"}
+
+
 def op_unsupported(exc: BaseException, failure: dict[str, Any] | None, partial: Any
                    ) -> CaptureError:
     """An op that cannot run on meta: data-dependent (``nonzero``, a boolean mask, ``.item()``)
@@ -88,14 +92,18 @@ def op_unsupported(exc: BaseException, failure: dict[str, Any] | None, partial: 
     if failure is not None:
         func = repr(failure["func"])
         where = f" in module {failure['module'] or '<model>'!r} (op #{failure['after_op'] + 1})"
+    teach = ["build a smaller config of the same model (fewer layers or experts) on a real "
+             "device and call again", MATERIALIZE_TEACH]
+    dtype = _META_DTYPE.get(failure["func"]) if failure is not None else None
+    if dtype is not None:
+        teach.insert(0, f"model.to(torch.{dtype})  # torch's meta kernel for {failure['func']} "
+                        f"takes {dtype} inputs only")
     err = CaptureError(
         f"{func}{where} cannot run on the meta device: it needs tensor values or has no meta "
         f"kernel for these inputs ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
         "everything before it is on "
         f"err.partial_trace ({len(partial) if partial is not None else 0} ops)",
-        code="meta_op_unsupported",
-        teach=["build a smaller config of the same model (fewer layers or experts) on a real "
-               "device and call again", MATERIALIZE_TEACH])
+        code="meta_op_unsupported", teach=teach)
     err.partial_trace = partial  # type: ignore[attr-defined]
     return err
 
