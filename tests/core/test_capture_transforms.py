@@ -194,3 +194,31 @@ def test_jacobians_in_a_forward_validate_what_a_replay_can_and_say_what_it_canno
     assert not backward.failed
     cut = {r["label"]: r["reason"] for r in backward.rows if r["status"] == "skipped"}
     assert cut and all("passes through grad_" in reason for reason in cut.values())
+
+
+class ItemWriteInVmap(nn.Module):
+    """An item assignment inside vmap (FlexAttention's block mask is built so)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        def swap(row):
+            out = row.clone()
+            out[0] = row[1] * 2
+            return out
+
+        return torch.vmap(swap)(self.fc(x))
+
+
+def test_an_item_assignment_inside_vmap_is_replayed_under_vmap():
+    torch.manual_seed(0)
+    model, x = ItemWriteInVmap(), torch.randn(4, 3)
+    trace = tl.trace(model, x)
+    assert trace["setitem_1"].shape == [4, 3] and trace["setitem_1"].parents == [
+        "clone_1", "mul_1"]
+    assert torch.equal(trace["setitem_1"].out, model(x))
+    forward, backward = validate_forward_pass(model, x), validate_backward_pass(model, x)
+    assert forward.passed and backward.passed
+    assert {row["label"]: row["status"] for row in forward.rows}["setitem_1"] == "passed"

@@ -79,7 +79,9 @@ def call_batched(func: Any, args: Any, kwargs: dict) -> Any:
         return value
 
     def run(*given):
-        return func(*fill(args, given), **fill(kwargs, given))
+        filled = fill(args, given)
+        out = func(*filled, **fill(kwargs, given))
+        return filled[0] if out is None and filled else out  # __setitem__: what it wrote
 
     levels = sorted({level for b in found for level in b.levels})
     for level in reversed(levels):  # the innermost vmap wraps the call first
