@@ -224,8 +224,8 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *,
 def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *,
                            input_kwargs: dict | None = None, input_shape: Any = None,
                            rtol: float | None = None, atol: float | None = None,
-                           tokenizer: Any = None,
-                           processor: Any = None, preprocess: Any = None) -> ValidationReport:
+                           tokenizer: Any = None, processor: Any = None,
+                           preprocess: Any = None) -> ValidationReport:
     """Back-propagate through the recorded graph op by op and compare every op's output
     gradient with ``torch.autograd.grad`` on the live forward. The input is taken as
     ``tl.trace`` takes it. Gradients are sums whose order differs from autograd's: with ops in
@@ -292,7 +292,8 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *,
         got = torch.zeros_like(ref) if got is None else got.to(ref.dtype)
         got, ref = _dense(got), _dense(ref)
         ok = got.shape == ref.shape and (
-            float((got - ref).double().norm()) <= atol + rtol * float(ref.double().norm())
+            float((got.double() - ref.double()).norm()) <= atol + rtol * float(
+                ref.double().norm())
             if by_norm else torch.allclose(got, ref, rtol=rtol, atol=atol))
         if not ok and op.index in blocked:
             report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
