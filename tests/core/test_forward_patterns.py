@@ -1,5 +1,6 @@
 """Patterns real forwards use: autocast regions, sparse and nested tensors, custom autograd
-Functions and activation checkpointing, through trace, validation, summary and save/load."""
+Functions, activation checkpointing, views written in place through other views and ops that
+return their input, through trace, validation, summary and save/load."""
 
 from __future__ import annotations
 
@@ -274,5 +275,5 @@ def test_ops_that_return_the_same_tensor_validate_backward():
     report = validate_backward_pass(ResidualInFloat32(), torch.randn(2, 6))
     rows = {row["label"]: row for row in report.rows}
     assert report.passed and rows["linear_1"]["status"] == "passed"
-    # one tensor, three ops: autograd's gradient is the tensor's, from both reads
+    # one tensor, three ops: autograd's gradient is the tensor's, from all its reads
     assert rows["to_2"]["status"] == "skipped" and "same tensor" in rows["to_2"]["reason"]
