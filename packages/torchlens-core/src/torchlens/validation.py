@@ -204,8 +204,6 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *,
                                     "reason": "needs the functorch transform it ran in: "
                                               + str(exc).splitlines()[0][:120]})
                 continue
-            if out is None:  # __setitem__ mutates its first argument
-                out = _first(args)
             got = [_dense(t) for t in _tensors(out)]
             expected = [_dense(t) for t in _tensors(op._value)]
             errs = [_err(g, e) for g, e in zip(got, expected)]
@@ -398,7 +396,7 @@ def _graph_grads(trace, calls, model, live, outputs
                     raise
                 _upstream(op, by_label, blocked)  # only its functorch transform can run it
                 continue
-            outs = _tensors(_first(args) if out is None else out)
+            outs = _tensors(out)
             pairs = [(outs[pos], g) for pos, g in wanted.items()
                      if pos < len(outs) and outs[pos].requires_grad]
             inputs = [(k, t) for k, t in leaves.items() if t.requires_grad]
@@ -457,11 +455,6 @@ def _fresh_first(op, args: tuple) -> tuple:
     if isinstance(args[0], torch.Tensor):
         return (args[0].clone(), *args[1:])
     return args
-
-
-def _first(args: tuple) -> Any:
-    """The first argument as a value (what ``__setitem__`` wrote)."""
-    return args[0].value if isinstance(args[0], Batched) else args[0]
 
 
 def _op_refs(template: Any) -> set[int]:

@@ -52,7 +52,8 @@ class Batched:
 def call_batched(func: Any, args: Any, kwargs: dict) -> Any:
     """``func(*args, **kwargs)`` where arguments may be ``Batched``: run under one ``vmap`` per
     level (outermost first, each taking the front dimension of what it batches), so the result
-    has the vmapped dimensions first, as the recorded value does."""
+    has the vmapped dimensions first, as the recorded value does. A call that writes its first
+    argument and returns None gives that argument."""
     found: list[Batched] = []
 
     def swap(value: Any, depth: int = 0) -> Any:
@@ -67,7 +68,7 @@ def call_batched(func: Any, args: Any, kwargs: dict) -> Any:
 
     args, kwargs = swap(args), swap(kwargs)
     if not found:
-        return func(*args, **kwargs)
+        return _written(func(*args, **kwargs), args)
 
     def fill(value: Any, given: tuple) -> Any:
         if isinstance(value, _Slot):
@@ -80,13 +81,18 @@ def call_batched(func: Any, args: Any, kwargs: dict) -> Any:
 
     def run(*given):
         filled = fill(args, given)
-        out = func(*filled, **fill(kwargs, given))
-        return filled[0] if out is None and filled else out  # __setitem__: what it wrote
+        return _written(func(*filled, **fill(kwargs, given)), filled)
 
     levels = sorted({level for b in found for level in b.levels})
     for level in reversed(levels):  # the innermost vmap wraps the call first
         run = torch.vmap(run, in_dims=tuple(0 if level in b.levels else None for b in found))
     return run(*(b.value for b in found))
+
+
+def _written(out: Any, args: Any) -> Any:
+    """A call's result; for ``__setitem__`` (or ``t.data = v``), which returns None, the first
+    argument it wrote."""
+    return args[0] if out is None and args else out
 
 
 class _Slot:
