@@ -120,10 +120,17 @@ def test_no_static_facts_refuses_without_probing(count_forwards):
     assert err.value.diary == [] and calls.n == 0
 
 
-def test_non_module_refuses_typed():
+@pytest.mark.parametrize("call", [
+    lambda f: tl.trace(f, input_shape=(1, 2)),
+    lambda f: tl.trace(f, torch.ones(2), save=["linear_1"]),  # save= labels look inside it
+    lambda f: tl.record(f, torch.ones(2), save=["linear_1"]),
+    lambda f: tl.recording.dry_run(f, torch.ones(2), save=["linear_1"]),
+], ids=["trace", "trace-labels", "record", "dry_run"])
+def test_non_module_refuses_typed(call):
     with pytest.raises(TorchLensError) as err:
-        tl.trace(lambda x: x, input_shape=(1, 2))
+        call(lambda x: x)
     assert err.value.code == "model_invalid"
+    assert err.value.teach
 
 
 # ---- rung 1 -------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from .capture.engine import capture, capturing, parse_save, saves_nothing
 from .capture.inference import ordinary, outside_inference_mode, refuse_inference_parameters
 from .capture.inventory import Inventory, inventory
 from .capture.meta import check_inputs, refuse_values
-from .capture.policy import pending_lazy, pinned, state_fingerprints, state_hash, warm_up
+from .capture.policy import pinned, state_fingerprints, state_hash, warm_up
 from .errors import CaptureError, InputError, InputTypeError, StateError, warn
 from .ladder import ABSENT, Resolution, forward_errors, resolve
 from .ladder.budget import check_save_budget
@@ -30,9 +30,9 @@ LAZY_TEACH = [
 _bn_warned = False
 
 
-def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
-    """Refusals that need no forward: not a module, nested capture, TorchScript, pending lazy state.
-    Returns the model's inventory, for a capture that follows with no forward in between."""
+def checked_inventory(model: nn.Module, surface: str) -> Inventory:
+    """The model's inventory, after the refusals that come before looking inside it: not a
+    module, or a call from inside a forward being captured."""
     if not isinstance(model, nn.Module):
         raise InputTypeError(f"tl.{surface} takes a torch.nn.Module, got {type(model).__name__}",
                              code="model_invalid", teach=[f"tl.{surface}(model, x)"])
@@ -42,7 +42,15 @@ def _check_entry(model: nn.Module, surface: str, rung3: bool) -> Inventory:
             code="nested_trace",
             teach=["call it outside the model's forward",
                    "trace the outer model once and look up the inner module: trace['sub.module']"])
-    inv = inventory(model)
+    return inventory(model)
+
+
+def _check_entry(model: nn.Module, surface: str, rung3: bool, inv: Inventory | None = None
+                 ) -> Inventory:
+    """Refusals that need no forward: not a module, nested capture, TorchScript, pending lazy state.
+    Returns the model's inventory (``inv``: one the caller took with no forward since), for a
+    capture that follows with no forward in between."""
+    inv = inv or checked_inventory(model, surface)
     if inv.scripted:
         _refuse_scripted(inv.scripted, surface)
     refuse_inference_parameters(model, inv.params, surface)
@@ -99,11 +107,12 @@ def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, su
 
 def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, input_shape: Any,
                 surface: str, options: dict, probe=None, hints=None,
-                needs_values: str | None = None) -> Resolution:
+                needs_values: str | None = None, inv: Inventory | None = None) -> Resolution:
     """Entry checks, then the ladder: the shared first step of every surface.
-    ``needs_values``: what the surface will keep that a meta model cannot have."""
+    ``needs_values``: what the surface will keep that a meta model cannot have; ``inv``: the
+    model's inventory when the caller took it (``checked_inventory``) with no forward since."""
     rung3 = value is ABSENT and input_shape is None and not input_kwargs
-    inv = _check_entry(model, surface, rung3)
+    inv = _check_entry(model, surface, rung3, inv)
     if needs_values:
         refuse_values(model, surface, needs_values, inv)
     res = resolve(model, value, input_kwargs=input_kwargs, input_shape=input_shape,
@@ -155,11 +164,12 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     a plugin resolves (a prompt string, a PIL image). ``save`` is "all", None or a list of op
     labels / module addresses. Keeps the caller's train/eval and grad modes.
     """
-    parse_save(save, model)
-    if intervention_ready and pending_lazy(model):
+    inv = checked_inventory(model, "trace")
+    parse_save(save, model, inv)
+    if intervention_ready and inv.lazy:
         raise StateError(
             "intervention_ready=True needs a state baseline, but "
-            f"{sorted(pending_lazy(model))[:3]} are pending lazy parameters with no bytes to "
+            f"{sorted(inv.lazy)[:3]} are pending lazy parameters with no bytes to "
             "witness",
             code="state_baseline_unavailable", teach=LAZY_TEACH)
     needs_values = None
@@ -169,7 +179,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     res = resolve_for(
         model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface="trace",
         needs_values=needs_values, options=_options(tokenizer, processor, preprocess, labels),
-        probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"))
+        probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"), inv=inv)
     if res.verified is not None:
         result = res.verified
         if not saves_nothing(save):

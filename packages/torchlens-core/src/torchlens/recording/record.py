@@ -19,7 +19,7 @@ from torch import nn
 
 from ..capture.engine import capture_selected, parse_save
 from ..capture.inference import outside_inference_mode
-from ..capture.inventory import inventory
+from ..capture.inventory import Inventory
 from ..capture.meta import refuse_values
 from ..errors import InputError
 from . import distributed
@@ -126,21 +126,25 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     mapping per label) applied inside the forward. The same call again resumes; under torchrun
     each rank records its share. Returns the opened store. Forwards run under ``no_grad``.
     """
+    from ..verbs import checked_inventory
+
     _check_options(save, reduce, dtype, to, batch_size)
-    inv = inventory(model) if isinstance(model, nn.Module) else None
+    inv = checked_inventory(model, "record")
     refuse_values(model, "record", "recorded activations", inv)
     save = list(save)
     parse_save(save, model, inv)  # module addresses are checked now
     presplit = distributed.uses_distributed_sampler(inputs)
     items, total, prompts = _inputs(inputs)
+    # one input: no code of the caller's runs before its forward, so its walk is this one
+    first_inv = inv if _is_single(inputs) else None
     options = {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess}
     if progress is None:
         progress = sys.stderr.isatty()
     if to is None:
         return _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size,
-                                 progress, options)
+                                 progress, options, first_inv)
     items, first = _peek(items)
-    _check_labels(model, first, save, options, prompts)
+    _check_labels(model, first, save, options, prompts, inv)
     return _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size,
                             progress, options, Path(to), overwrite, shard_bytes, presplit)
 
@@ -154,19 +158,19 @@ def _peek(items: Iterable) -> tuple[Iterable, Any]:
 
 
 def _check_labels(model: nn.Module, first: Any, save: list[str], options: dict,
-                  prompts: bool) -> None:
+                  prompts: bool, inv: Inventory) -> None:
     """The dry_run check: op labels the forward does not make refuse before any recording."""
-    modules = {name for name, _ in inventory(model).modules if name}
+    modules = {name for name, _ in inv.modules if name}
     if all(s in modules for s in save):
         return
     dry_run(model, [first] if prompts else first, save=save, **options)
 
 
-def _resolve(model: nn.Module, value: Any, options: dict):
+def _resolve(model: nn.Module, value: Any, options: dict, inv: Inventory | None):
     from ..verbs import resolve_for
 
     return resolve_for(model, value, input_kwargs=None, input_shape=None, surface="record",
-                       options=options)
+                       options=options, inv=inv)
 
 
 def _capture(model: nn.Module, res, save: list[str], keeper: Keeper) -> dict[str, Any]:
@@ -193,14 +197,15 @@ def _bar(progress: bool, total: int | None):
 
 
 def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
-                      options) -> Recording:
+                      options, inv: Inventory | None) -> Recording:
     bar = _bar(progress, total)
     batches: list[dict[str, Any]] = []
     provenance: list[dict] = []
     labels: list[str] = []
     try:
         for _, count, res, _, values in _captured(model, items, 0, batch_size, prompts, save,
-                                                  reduce, dtype, options, as_rows=False):
+                                                  reduce, dtype, options, as_rows=False,
+                                                  inv=inv):
             if not batches:
                 labels = list(values)
             provenance.append(res.provenance)
@@ -253,12 +258,16 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
 
 
 def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, options, *,
-              as_rows: bool) -> Iterator[tuple[int, int, Any, int, dict[str, Any]]]:
+              as_rows: bool, inv: Inventory | None = None
+              ) -> Iterator[tuple[int, int, Any, int, dict[str, Any]]]:
     """One light capture a forward, after the first ``skip`` inputs: (first input's local
-    index, inputs it covered, the resolution, its rows, the kept values)."""
+    index, inputs it covered, the resolution, its rows, the kept values). ``inv``: the model's
+    inventory for the first forward, taken with no code run since; later ones walk the model
+    again (a lazy module may have materialized)."""
     first = True
     for k, value, count in _forwards(items, skip, batch_size, prompts):
-        res = _resolve(model, value, options)
+        res = _resolve(model, value, options, inv)
+        inv = None
         n_rows, mask = batch_rows(res.args, res.kwargs)
         values = _capture(model, res, save, Keeper(save, reduce, dtype, mask, as_rows=as_rows))
         if first:
