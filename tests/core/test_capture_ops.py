@@ -506,6 +506,34 @@ def test_a_caught_error_in_a_submodule_ends_its_call(hooks):
     assert all("forward" not in vars(m) for m in model.modules())
 
 
+class FallsBackTwice(FallsBack):
+    """Tries the raising submodule twice, then runs its linear layer twice."""
+
+    def forward(self, x):
+        for _ in range(2):
+            try:
+                x = self.fast(x)
+            except RuntimeError:
+                pass
+        return self.fc(self.fc(x) + 1)
+
+
+def test_a_recording_labels_the_ops_after_a_caught_error_as_the_trace_does():
+    """A light capture's frames (only op labels selected) end with a call that raises, so the
+    later passes of the same modules get the trace's pass labels and values."""
+    model = FallsBackTwice()
+    x = torch.rand(2, 4)
+    trace = tl.trace(model, x, save="all")
+    assert [op.label for op in trace.ops if op.kind == "op"] == [
+        "mul_1", "mul_1:2", "linear_1", "add_1", "linear_1:2"]
+    wanted = ["mul_1:2", "linear_1:2", "add_1"]
+    recording = tl.record(model, x, save=wanted, progress=False)
+    assert sorted(recording.labels) == sorted(wanted)
+    for label in wanted:
+        assert torch.equal(recording[label], trace[label].out)
+    assert all("forward" not in vars(m) for m in model.modules())
+
+
 class Recurrent(nn.Module):
     """An LSTM (one op, three outputs) and a module returning one piece of a split."""
 

@@ -192,10 +192,27 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
             closed(mod, output, address)
             return output
 
-        forward.__wrapped__ = inner  # inspect.signature(module.forward) still reads the real one
-        forward._torchlens_frames = True
-        return forward
+        def numbered(*args, **kwargs):
+            # a light capture selecting no module: the frame only numbers the labels inside
+            if get_ident() != owner or _getframe(1).f_code not in _CALLERS:
+                return inner(*args, **kwargs)
+            n = counts.get(address, 0) + 1
+            counts[address] = n
+            frames.append([address, n, None, 0, 0, mod, frames[-1]])
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                if frames[-1][0] == address:
+                    frames.pop()
+                else:
+                    _pop_frame(frames, address)
 
+        chosen = numbered if labels_only else forward
+        chosen.__wrapped__ = inner  # inspect.signature(module.forward) still reads the real one
+        chosen._torchlens_frames = True
+        return chosen
+
+    labels_only = state.light is not None and not save_modules
     process_wide = bool(_module._global_forward_pre_hooks or _module._global_forward_hooks)
     unwrap = _Unwrap()
     handles.append(unwrap)

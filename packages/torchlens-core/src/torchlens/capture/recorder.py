@@ -208,7 +208,8 @@ class CaptureState:
     # -- labels --------------------------------------------------------------------------------
     def label_for(self, name: str, frame: list | None = None) -> tuple[str, str, int]:
         """(label, base label, pass) of the next ``name`` call in ``frame`` (default: the
-        innermost open module call). Called once per op, in op order."""
+        innermost open module call). Called once per op, in op order (``LightRecorder`` has it
+        inline)."""
         if frame is None:
             frame = self.frames[-1]
         counters = frame[2]
@@ -574,7 +575,17 @@ class LightRecorder(Recorder):
         for a in args:
             if type(a) is not Tensor and isinstance(a, UninitializedTensorMixin):
                 return out
-        label, base, _ = s.label_for(name)
+        # label_for(name), inline: it runs for every op of a selected label's function
+        frame = s.frames[-1]
+        counters = frame[2]
+        if counters is None:
+            counters = frame[2] = {}
+        ordinal = counters[name] = counters.get(name, 0) + 1
+        base = s.sites.get(site := (frame[0], name, ordinal))
+        if base is None:
+            n = s.name_counts[name] = s.name_counts.get(name, 0) + 1
+            base = s.sites[site] = f"{name}_{n}"
+        label = base if frame[1] == 1 else f"{base}:{frame[1]}"
         if label in s.save_labels or base in s.save_labels:
             value = out if len(tensors) > 1 else tensors[0]
             if is_wrapped(tensors[0]):  # inside torch.vmap: the real tensors, vmapped dims first
