@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import torchlens as tl
 from tests.models.zoo import PURE_CASES
 from torchlens.capture.inventory import inventory, module_paths
 
@@ -50,3 +51,24 @@ def test_shared_module_aliases():
     assert inv.aliases == {"a.weight": ["b.weight", "c.0.weight"], "a.bias": ["b.bias", "c.0.bias"]}
     assert [n for n, _ in inv.buffers] == ["buf", "c.1.running_mean", "c.1.running_var",
                                            "c.1.num_batches_tracked"]
+
+
+@pytest.mark.parametrize("surface,walks", [
+    (lambda m, x: tl.trace(m, x, save=None), 1),
+    (lambda m, x: tl.trace(m, x, save=["linear_2"]), 1),  # save= labels are checked on it
+    (lambda m, x: tl.record(m, x, save=["linear_2"], progress=False), 1),
+    (lambda m, x: tl.summary(m, x), 1),
+    # a forward per input, and each input's code may change the model: a walk each
+    (lambda m, x: tl.record(m, [x, x, x], save=["linear_2"], progress=False), 1 + 3),
+], ids=["trace", "trace-labels", "record", "summary", "record-3-inputs"])
+def test_a_surface_walks_the_model_once_per_forward(monkeypatch, surface, walks):
+    """The entry checks take the walk the surface made, when no code ran in between."""
+    import torchlens.capture.inventory as inv_module
+
+    model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), torch.rand(2, 4)
+    surface(model, x)  # a summary's warm-up walks once more, the first time only
+    seen = []
+    monkeypatch.setattr(inv_module, "module_paths",
+                        lambda m: seen.append(m) or module_paths(m))
+    surface(model, x)
+    assert len(seen) == walks
