@@ -68,6 +68,11 @@ class ValidationReport:
     def __bool__(self) -> bool:
         return self.passed
 
+    def skip(self, label: str, reason: str) -> None:
+        """A row that is not compared, and why."""
+        self.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
+                          "reason": reason})
+
     def __repr__(self) -> str:
         counts = {s: sum(r["status"] == s for r in self.rows) for s in ("passed", "failed",
                                                                           "skipped")}
@@ -182,13 +187,11 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *,
             if op.kind != "op":
                 continue
             if op.func in RANDOM_FUNCS:
-                report.rows.append({"label": op.label, "status": "skipped",
-                                    "reason": "nondeterministic", "max_abs_err": None})
+                report.skip(op.label, "nondeterministic")
                 continue
             func, args, kwargs = calls[op.index]
             if func in _GRAPH_FUNCS:
-                report.rows.append({"label": op.label, "status": "skipped", "max_abs_err": None,
-                                    "reason": _GRAPH_FUNCS[func]})
+                report.skip(op.label, _GRAPH_FUNCS[func])
                 continue
             args = _resolve(args, trace, model, saved)
             kwargs = _resolve(kwargs, trace, model, saved)
@@ -200,9 +203,8 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *,
                 if op.index not in orders:
                     raise
                 # inside a transform that vmap alone does not rebuild (jacfwd's dual numbers)
-                report.rows.append({"label": op.label, "status": "skipped", "max_abs_err": None,
-                                    "reason": "needs the functorch transform it ran in: "
-                                              + str(exc).splitlines()[0][:120]})
+                report.skip(op.label, "needs the functorch transform it ran in: "
+                            + str(exc).splitlines()[0][:120])
                 continue
             got = [_dense(t) for t in _tensors(out)]
             expected = [_dense(t) for t in _tensors(op._value)]
@@ -273,18 +275,15 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *,
             ref = None if ref is None else in_front(ref, orders[op.index][pos])
         label = op.label if pos == 0 else f"{op.label}[{pos}]"
         if op.inplace and t._is_view():
-            report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
-                                "reason": "in-place write through a view: autograd rebases the "
-                                          "view onto its base"})
+            report.skip(label, "in-place write through a view: autograd rebases the view onto "
+                               "its base")
             continue
         if (op.index, pos) not in hooked and t._version != versions[(op.index, pos)]:
-            report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
-                                "reason": "written in place later; autograd keeps no gradient "
-                                          "for the value this op produced"})
+            report.skip(label, "written in place later; autograd keeps no gradient for the "
+                               "value this op produced")
             continue
         if ref is None and got is None:
-            report.rows.append({"label": label, "status": "skipped",
-                                "reason": "no gradient reaches it", "max_abs_err": None})
+            report.skip(label, "no gradient reaches it")
             continue
         ref = torch.zeros_like(t) if ref is None else ref
         got = torch.zeros_like(ref) if got is None else got.to(ref.dtype)
@@ -293,24 +292,23 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *,
             float((got.double() - ref.double()).norm()) <= atol + rtol * float(
                 ref.double().norm())
             if by_norm else torch.allclose(got, ref, rtol=rtol, atol=atol))
-        if not ok and op.index in blocked:
-            report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
-                                "reason": f"part of its gradient passes through "
-                                          f"{blocked[op.index]}, which a replay of saved values "
-                                          "cannot follow"})
-            continue
-        if not ok and id(t) in shared:
-            report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
-                                "reason": "another op returned this same tensor: autograd's "
-                                          "gradient is the tensor's, from all their reads"})
-            continue
-        if not ok and t._is_view() and t._version != versions[(op.index, pos)]:
-            # its hook sees only the reads made before the write: autograd sends the gradient
-            # of what was read after it through the base (whose own row checks that part)
-            report.rows.append({"label": label, "status": "skipped", "max_abs_err": None,
-                                "reason": "a view written in place later: autograd sends the "
-                                          "gradient of its later reads through its base"})
-            continue
+        if not ok:  # a difference that is not the replay's when the reference is not the op's
+            if op.index in blocked:
+                reason = f"part of its gradient passes through {blocked[op.index]}, which a " \
+                         "replay of saved values cannot follow"
+            elif id(t) in shared:
+                reason = "another op returned this same tensor: autograd's gradient is the " \
+                         "tensor's, from all their reads"
+            elif t._is_view() and t._version != versions[(op.index, pos)]:
+                # its hook sees only the reads made before the write: autograd sends the
+                # gradient of what was read after it through the base (whose row checks it)
+                reason = "a view written in place later: autograd sends the gradient of its " \
+                         "later reads through its base"
+            else:
+                reason = None
+            if reason is not None:
+                report.skip(label, reason)
+                continue
         report.rows.append({"label": label, "status": "passed" if ok else "failed",
                             "reason": None if ok else "gradient differs from autograd",
                             "max_abs_err": _err(got, ref)})
