@@ -21,11 +21,14 @@ CPU under a fixed seed and copied to the device, TF32 off.
    (``compare_traces``' canonical form), and every saved value close (``VALUE_RTOL``).
 3. op_time: ``trace.meta["op_time"]`` says launch time on CUDA.
 4. rng: ``tl.summary`` leaves ``torch.cuda.get_rng_state_all()`` as it found it.
-5. timing: ``run.py``'s methods (plain forward, bare mode, trace, record, summary, draw's
+5. surfaces: a ``save="all"`` trace saved and loaded (every value back on the CPU, equal), a
+   ``tl.record`` of two inputs to disk (each row the trace's value) and
+   ``validate_forward_pass`` replaying every op on the device.
+6. timing: ``run.py``'s methods (plain forward, bare mode, trace, record, summary, draw's
    capture), each call ending in ``torch.cuda.synchronize()``: ratios of means to the plain
    forward, µs per op and the issue's targets, reported, not judged.
 
-Exit status 1 when a check of 1-4 fails.
+Exit status 1 when a check of 1-5 fails.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ TIMED = ("plain", "plain_again", "bare", "tl_meta", "tl_all", "tl_engine", "tl_r
          "tl_summary", "tl_draw_capture")
 SYNC_TEXT = "synchronizing CUDA operation"
 SHOWN = 8
+CHECKS = ("syncs", "identity", "rng", "op_time", "surfaces")
 
 
 def to_device(value: Any, device: torch.device) -> Any:
@@ -141,6 +145,13 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.allclose(a, b, rtol=VALUE_RTOL, atol=VALUE_ATOL, equal_nan=True)
 
 
+def equal(a: Any, b: Any) -> bool:
+    """The same tensors (in the same nesting), compared on the CPU element for element."""
+    ta, tb = [t for _, t in tensors_in(a, "")], [t for _, t in tensors_in(b, "")]
+    return len(ta) == len(tb) and all(x.dtype == y.dtype and torch.equal(x.cpu(), y.cpu())
+                                      for x, y in zip(ta, tb))
+
+
 def check_identity(tl: Any, cpu_model: torch.nn.Module, cpu_x: Any, model: torch.nn.Module,
                    x: Any) -> dict[str, Any]:
     with torch.no_grad():
@@ -166,6 +177,29 @@ def check_rng(tl: Any, model: torch.nn.Module, x: Any, device: torch.device) -> 
         tl.summary(model, x)
     after = torch.cuda.get_rng_state_all()
     return {"ok": all(torch.equal(a, b) for a, b in zip(before, after))}
+
+
+def check_surfaces(tl: Any, model: torch.nn.Module, x: Any, labels: list[str]) -> dict[str, Any]:
+    """What reads device memory back: a trace saved and loaded (values on the CPU, exactly the
+    saved ones), forward validation replaying every op on the device, and a record of two
+    inputs to disk (each row the trace's value)."""
+    from torchlens.validation import validate_forward_pass
+
+    failed: list[str] = []
+    with torch.no_grad():
+        trace = tl.trace(model, x, save="all")
+    with tempfile.TemporaryDirectory(prefix="tl-gpu-") as folder:
+        trace.save(Path(folder) / "trace.tl")
+        loaded = tl.load(Path(folder) / "trace.tl")
+        failed += [f"load: {op.label} differs" for op, back in zip(trace.ops, loaded.ops)
+                   if op.saved and not (back.saved and equal(op.out, back.out))]
+        rec = tl.record(model, [x, x], save=labels, to=Path(folder) / "acts", progress=False)
+        failed += [f"record: {label} row {i} differs" for label in labels for i in (0, 1)
+                   if not equal(rec[label].row(i), trace[label].out[0])]
+    report = validate_forward_pass(model, x)
+    if not report.passed:
+        failed.append(f"validate_forward_pass: {report!r}"[:300])
+    return {"ok": not failed, "failed": failed[:SHOWN]}
 
 
 def timing(tl: Any, model: torch.nn.Module, x: Any, device: torch.device,
@@ -228,18 +262,20 @@ def check_models(args: argparse.Namespace, device: torch.device) -> dict[str, An
             "syncs": check_syncs(tl, model, x, device, labels),
             "identity": check_identity(tl, cpu_model, cpu_x, model, x),
             "rng": check_rng(tl, model, x, device),
+            "surfaces": check_surfaces(tl, model, x, labels),
         }
         op_time = entry["identity"]["op_time"] or ""
         entry["op_time"] = {"ok": device.type != "cuda" or "launch time" in op_time,
                             "text": op_time}
         entry["timing"] = timing(tl, model, x, device, args.runs)
-        passed = all(entry[k]["ok"] for k in ("syncs", "identity", "rng", "op_time"))
+        passed = all(entry[k]["ok"] for k in CHECKS)
         ok &= passed
         report["models"][name] = entry
         print(f"[{name}] checks {'PASS' if passed else 'FAIL'}: syncs {entry['syncs']}, "
               f"identity {entry['identity']['differences']} differences over "
               f"{entry['identity']['ops']} nodes {entry['identity']['shown']}, rng "
-              f"{entry['rng']}, op_time {entry['op_time']['ok']}", flush=True)
+              f"{entry['rng']}, op_time {entry['op_time']['ok']}, surfaces {entry['surfaces']}",
+              flush=True)
         del model, x, cpu_model, cpu_x
     timed = {n: e["timing"] for n, e in report["models"].items() if "timing" in e}
     ratios, per_op = ratio_table(timed, {}), per_op_table(timed)

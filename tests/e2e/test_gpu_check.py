@@ -27,6 +27,7 @@ def test_the_gpu_check_runs_every_check_on_the_cpu(tmp_path):
     # 902 nodes (input, 900 ops, output), each value saved, and the trace's output
     assert entry["identity"] == {**entry["identity"], "ops": 902, "values": 903, "ok": True,
                                  "differences": 0}
+    assert entry["surfaces"] == {"ok": True, "failed": []}
     assert entry["syncs"]["note"] == "n/a: not on CUDA"
     assert report["per_op"]["tinyops"]["ops"] == 900
     assert set(report["ratios"]["tl_meta"]) == {"tinyops"}
@@ -53,3 +54,11 @@ def test_a_sync_per_capture_fails_a_trace_and_a_few_pass_a_pinned_surface():
     assert gpu_check.sync_verdict(counts)["ok"]
     counts["tl.summary"] += 1
     assert gpu_check.sync_verdict(counts)["failed"] == {"tl.summary": gpu_check.PINNED_SYNCS + 1}
+
+
+def test_values_are_equal_only_with_the_same_tensors_in_the_same_nesting():
+    a = torch.arange(6.0).reshape(2, 3)
+    assert gpu_check.equal((a, a[0]), (a.clone(), a[0].clone()))
+    assert not gpu_check.equal((a, a[0]), (a, a[1]))
+    assert not gpu_check.equal(a, (a, a))
+    assert not gpu_check.equal(a, a.double())
