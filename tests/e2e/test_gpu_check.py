@@ -3,6 +3,7 @@ spends its device time on the checks, not on the harness; its checks can fail.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ def test_the_gpu_check_runs_every_check_on_the_cpu(tmp_path):
     assert entry["identity"] == {**entry["identity"], "ops": 902, "values": 903, "ok": True,
                                  "differences": 0}
     assert entry["surfaces"] == {"ok": True, "failed": []}
+    assert report["rng"] == {"ok": True, "forward_draws": True, "summary_kept": True}
     assert entry["syncs"]["note"] == "n/a: not on CUDA"
     assert report["per_op"]["tinyops"]["ops"] == 900
     assert set(report["ratios"]["tl_meta"]) == {"tinyops"}
@@ -62,3 +64,11 @@ def test_values_are_equal_only_with_the_same_tensors_in_the_same_nesting():
     assert not gpu_check.equal((a, a[0]), (a, a[1]))
     assert not gpu_check.equal(a, (a, a))
     assert not gpu_check.equal(a, a.double())
+
+
+def test_the_rng_check_fails_when_the_summary_leaves_the_generator_moved(monkeypatch):
+    from torchlens.capture import policy
+
+    monkeypatch.setattr(policy.torch.random, "fork_rng", lambda **k: contextlib.nullcontext())
+    found = gpu_check.check_rng(tl, torch.device("cpu"))
+    assert found == {"ok": False, "forward_draws": True, "summary_kept": False}
