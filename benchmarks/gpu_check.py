@@ -38,6 +38,7 @@ import argparse
 import copy
 import sys
 import tempfile
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -222,6 +223,13 @@ def check_surfaces(tl: Any, model: torch.nn.Module, x: Any, labels: list[str]) -
     return {"ok": not failed, "failed": failed[:SHOWN]}
 
 
+def picked_labels(tl: Any, model: torch.nn.Module, x: Any) -> dict[str, Any]:
+    """Four op labels spread over the forward (as ``run.py`` picks them for ``tl.record``)."""
+    with torch.no_grad():
+        labels = [op.label for op in tl.trace(model, x, save=None) if op.kind == "op"]
+    return {"ok": True, "labels": labels[:: max(1, len(labels) // 4)][:4]}
+
+
 def timing(tl: Any, model: torch.nn.Module, x: Any, device: torch.device,
            runs: int) -> dict[str, Any]:
     skip = {"tl_draw", "torchinfo", "torchview", "peer_tl"} | (
@@ -235,7 +243,17 @@ def timing(tl: Any, model: torch.nn.Module, x: Any, device: torch.device,
     entry: dict[str, Any] = {"methods": {k: summarize(s) for k, s in samples.items() if s},
                              "errors": errors}
     entry.update(op_counts(tl, model, x))
+    entry["ok"] = not errors
     return entry
+
+
+def guarded(check: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``check(*args)``, or a failed check holding the error: one broken check must not cost a
+    session's device time for the others."""
+    try:
+        return check(*args)
+    except Exception:
+        return {"ok": False, "error": traceback.format_exc(limit=6)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,7 +287,7 @@ def check_models(args: argparse.Namespace, device: torch.device) -> dict[str, An
     report: dict[str, Any] = {"machine": machine(), "device": str(device), "models": {}}
     if device.type == "cuda":
         report["gpu"] = torch.cuda.get_device_name(device)
-    report["rng"] = check_rng(tl, device)
+    report["rng"] = guarded(check_rng, tl, device)
     print(f"rng: {report['rng']}", flush=True)
     ok = report["rng"]["ok"]
     for name in args.models:
@@ -280,27 +298,26 @@ def check_models(args: argparse.Namespace, device: torch.device) -> dict[str, An
             print(f"[{name}] skipped: {err}", flush=True)
             continue
         model, x = copy.deepcopy(cpu_model).to(device), to_device(cpu_x, device)
-        with torch.no_grad():
-            labels = [op.label for op in tl.trace(model, x, save=None) if op.kind == "op"]
-        labels = labels[:: max(1, len(labels) // 4)][:4]
+        labels = guarded(picked_labels, tl, model, x).get("labels", [])
         entry = {
-            "syncs": check_syncs(tl, model, x, device, labels),
-            "identity": check_identity(tl, cpu_model, cpu_x, model, x),
-            "surfaces": check_surfaces(tl, model, x, labels),
+            "syncs": guarded(check_syncs, tl, model, x, device, labels),
+            "identity": guarded(check_identity, tl, cpu_model, cpu_x, model, x),
+            "surfaces": guarded(check_surfaces, tl, model, x, labels),
         }
-        op_time = entry["identity"]["op_time"] or ""
+        op_time = entry["identity"].get("op_time") or ""
         entry["op_time"] = {"ok": device.type != "cuda" or "launch time" in op_time,
                             "text": op_time}
-        entry["timing"] = timing(tl, model, x, device, args.runs)
+        entry["timing"] = guarded(timing, tl, model, x, device, args.runs)
         passed = all(entry[k]["ok"] for k in CHECKS)
         ok &= passed
         report["models"][name] = entry
-        print(f"[{name}] checks {'PASS' if passed else 'FAIL'}: syncs {entry['syncs']}, "
-              f"identity {entry['identity']['differences']} differences over "
-              f"{entry['identity']['ops']} nodes {entry['identity']['shown']}, op_time "
-              f"{entry['op_time']['ok']}, surfaces {entry['surfaces']}", flush=True)
+        print(f"[{name}] checks {'PASS' if passed else 'FAIL'}:", flush=True)
+        for key in (*CHECKS, "timing"):
+            print(f"    {key}: " + ("ok" if entry[key]["ok"] and key == "timing" else
+                                    str({k: v for k, v in entry[key].items() if k != "methods"})),
+                  flush=True)
         del model, x, cpu_model, cpu_x
-    timed = {n: e["timing"] for n, e in report["models"].items() if "timing" in e}
+    timed = {n: e["timing"] for n, e in report["models"].items() if e.get("timing", {}).get("ok")}
     ratios, per_op = ratio_table(timed, {}), per_op_table(timed)
     report["ratios"], report["per_op"] = ratios, per_op
     report["targets"] = [

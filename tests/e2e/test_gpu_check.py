@@ -72,3 +72,18 @@ def test_the_rng_check_fails_when_the_summary_leaves_the_generator_moved(monkeyp
     monkeypatch.setattr(policy.torch.random, "fork_rng", lambda **k: contextlib.nullcontext())
     found = gpu_check.check_rng(tl, torch.device("cpu"))
     assert found == {"ok": False, "forward_draws": True, "summary_kept": False}
+
+
+def test_a_check_that_raises_fails_the_run_and_the_others_still_report(tmp_path, monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setattr(gpu_check, "check_surfaces", broken)
+    out = tmp_path / "gpu.json"
+    rc = gpu_check.main(["--device", "cpu", "--models", "tinyops", "--runs", "1",
+                         "--json", str(out)])
+    entry = json.loads(out.read_text())["models"]["tinyops"]
+    assert rc == 1
+    assert not entry["surfaces"]["ok"] and "RuntimeError: no such kernel" in entry["surfaces"][
+        "error"]
+    assert entry["identity"]["ok"] and entry["timing"]["ok"]
