@@ -51,6 +51,7 @@ import torch  # noqa: E402
 from _common import MODELS, build_model, call, machine, summarize, time_rounds  # noqa: E402
 from compare_traces import canonical_trace, diff, saved_values, tensors_in  # noqa: E402
 from run import (  # noqa: E402
+    ROWS,
     TARGET_BARE,
     TARGET_RATIOS,
     draw_capture,
@@ -58,6 +59,7 @@ from run import (  # noqa: E402
     op_counts,
     per_op_table,
     ratio_table,
+    record_labels,
 )
 
 PINNED_SYNCS = 4  # the receipt's buffer comparison, once per dtype and device
@@ -224,19 +226,15 @@ def check_surfaces(tl: Any, model: torch.nn.Module, x: Any, labels: list[str]) -
 
 
 def picked_labels(tl: Any, model: torch.nn.Module, x: Any) -> dict[str, Any]:
-    """Four op labels spread over the forward (as ``run.py`` picks them for ``tl.record``)."""
-    with torch.no_grad():
-        labels = [op.label for op in tl.trace(model, x, save=None) if op.kind == "op"]
-    return {"ok": True, "labels": labels[:: max(1, len(labels) // 4)][:4]}
+    """The labels ``run.py`` times ``tl.record`` with, as a check's result."""
+    return {"ok": True, "labels": record_labels(tl, model, x)}
 
 
 def timing(tl: Any, model: torch.nn.Module, x: Any, device: torch.device,
            runs: int) -> dict[str, Any]:
-    skip = {"tl_draw", "torchinfo", "torchview", "peer_tl"} | (
-        {"tl_record"} if not hasattr(tl, "record") else set())
     with tempfile.TemporaryDirectory(prefix="tl-gpu-") as draw_dir:
-        methods, _ = methods_for(tl, model, x, skip, draw_dir)
-        methods = {k: synced(fn, device) for k, fn in methods.items() if k in TIMED}
+        methods, _ = methods_for(tl, model, x, set(ROWS) - set(TIMED), draw_dir)
+        methods = {k: synced(fn, device) for k, fn in methods.items()}
         errors: dict[str, str] = {}
         samples = time_rounds(methods, runs=runs, warmup=2, on_error=lambda k, e: errors.update(
             {k: f"{type(e).__name__}: {e}"}))

@@ -123,9 +123,7 @@ def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
         methods["tl_engine"] = engine_only(trace(None))
 
     if "tl_record" not in skip and hasattr(tl, "record"):
-        with torch.no_grad():
-            labels = [op.label for op in tl.trace(model, x, save=None) if op.kind == "op"]
-        picked = labels[:: max(1, len(labels) // 4)][:4]  # four ops spread over the forward
+        picked = record_labels(tl, model, x)
 
         def record() -> Any:
             with torch.no_grad():
@@ -175,6 +173,13 @@ def methods_for(tl: Any, model: torch.nn.Module, x: Any, skip: set[str],
         except ImportError as err:
             missing["torchview"] = f"n/a (torchview not importable: {err})"
     return methods, missing
+
+
+def record_labels(tl: Any, model: torch.nn.Module, x: Any) -> list[str]:
+    """The labels ``tl.record`` is timed with: four ops spread over the forward."""
+    with torch.no_grad():
+        labels = [op.label for op in tl.trace(model, x, save=None) if op.kind == "op"]
+    return labels[:: max(1, len(labels) // 4)][:4]
 
 
 def engine_only(run: Callable[[], Any]) -> Callable[[], Any]:
