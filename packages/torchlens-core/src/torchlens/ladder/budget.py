@@ -29,6 +29,7 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
+from ..capture.compiled import eager
 from ..units import human
 
 MEMORY_FRACTION = 0.25  # of the memory available where the model lives
@@ -197,7 +198,8 @@ def _quiet_fake_logs() -> Iterator[None]:
 def precheck(model: nn.Module, shapes: list[tuple[torch.Size, torch.dtype]], positional: int,
              names: list[str], budget: dict[str, Any]) -> Precheck:
     """Run the forward on fake inputs of ``shapes`` over fake parameters and buffers, in eval +
-    no-grad with the training flags restored; nothing real is allocated or written."""
+    no-grad with the training flags restored; nothing real is allocated or written. Compiled
+    code runs as written (the compiler never sees the fake forward), as in every probe."""
     with warnings.catch_warnings():  # torch warns at this import when numpy is not installed
         warnings.simplefilter("ignore", UserWarning)
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -208,7 +210,7 @@ def precheck(model: nn.Module, shapes: list[tuple[torch.Size, torch.dtype]], pos
     meter.live = sum(shape.numel() * dtype.itemsize for shape, dtype in shapes)
     started = False  # an error before the forward starts is the check's, not the candidate's
     try:
-        with _quiet_fake_logs(), torch.random.fork_rng(devices=[]), torch.no_grad(), \
+        with _quiet_fake_logs(), torch.random.fork_rng(devices=[]), torch.no_grad(), eager(), \
                 FakeTensorMode(allow_non_fake_inputs=True) as fake:
             state = {name: fake.from_tensor(t) for name, t in
                      list(model.named_parameters(remove_duplicate=False))
