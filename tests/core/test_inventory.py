@@ -58,9 +58,10 @@ def test_shared_module_aliases():
     (lambda m, x: tl.trace(m, x, save=["linear_2"]), 1),  # save= labels are checked on it
     (lambda m, x: tl.record(m, x, save=["linear_2"], progress=False), 1),
     (lambda m, x: tl.summary(m, x), 1),
+    (lambda m, x: tl.validation.validate_forward_pass(m, x), 1),
     # a forward per input, and each input's code may change the model: a walk each
     (lambda m, x: tl.record(m, [x, x, x], save=["linear_2"], progress=False), 1 + 3),
-], ids=["trace", "trace-labels", "record", "summary", "record-3-inputs"])
+], ids=["trace", "trace-labels", "record", "summary", "validation", "record-3-inputs"])
 def test_a_surface_walks_the_model_once_per_forward(monkeypatch, surface, walks):
     """The entry checks take the walk the surface made, when no code ran in between."""
     import torchlens.capture.inventory as inv_module

@@ -126,6 +126,20 @@ def test_backward_validation_refuses_without_a_differentiable_output():
     assert err.value.code == "no_differentiable_output"
 
 
+@pytest.mark.parametrize("verb", ["validate_forward_pass", "validate_backward_pass"])
+def test_validation_refusals_teach_the_validation_call(verb):
+    """A refusal from the shared input checks names the command to run next, which for
+    validation is ``tl.validation.<verb>``, not the module ``tl.validation``."""
+    with pytest.raises(tl.TorchLensError) as err:
+        getattr(tl.validation, verb)("not a model", torch.rand(1, 3))
+    assert err.value.code == "model_invalid"
+    assert err.value.teach == [f"tl.validation.{verb}(model, x)"]
+    with pytest.raises(tl.TorchLensError) as err:
+        getattr(tl.validation, verb)(nn.Linear(3, 2), torch.rand(1, 3), input_shape=(1, 3))
+    assert err.value.code == "input_rung_conflict"
+    assert all(line.startswith(f"tl.validation.{verb}(model, ") for line in err.value.teach)
+
+
 def test_validation_leaves_the_model_as_it_was():
     model, x = PURE_CASES["dropout_train"].build()
     before = {k: v.clone() for k, v in model.state_dict().items()}

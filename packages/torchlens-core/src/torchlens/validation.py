@@ -151,9 +151,11 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _capture(model, x, input_kwargs, input_shape, verb: str, grad: bool, options: dict):
     from .capture.meta import refuse_values
-    from .verbs import _options, resolve_for
+    from .verbs import _options, checked_inventory, resolve_for
 
-    refuse_values(model, "validation", "a replay of saved values")
+    surface = f"validation.{verb}"  # teaches name tl.validation.validate_forward_pass(...)
+    inv = checked_inventory(model, surface)
+    refuse_values(model, surface, "a replay of saved values", inv)
     if x is ABSENT and input_shape is None and not input_kwargs:
         # a replay compares values a real call saved: nothing is probed for it
         raise InputError(
@@ -163,9 +165,10 @@ def _capture(model, x, input_kwargs, input_shape, verb: str, grad: bool, options
                    f"tl.validation.{verb}(model, input_shape=(1, 3, 224, 224))  # or its shape",
                    "tl.debug.guess_input_shape(model)  # to find a shape that runs"])
     res = resolve_for(model, x, input_kwargs=input_kwargs, input_shape=input_shape,
-                      surface="validation", options=_options(**options), probe=None)
-    with pinned(model, "validation", grad=grad):
-        result = capture(model, res.args, res.kwargs, save="all", replay=True)
+                      surface=surface, options=_options(**options), probe=None, inv=inv)
+    with pinned(model, surface, grad=grad, inv=res.inventory):
+        result = capture(model, res.args, res.kwargs, save="all", replay=True,
+                         inv=res.inventory)
     result.provenance = res.provenance
     return result
 
