@@ -177,18 +177,26 @@ class Held:
         lost = []
         values = self.values
         entries = list(self.entries.items())
-        reached = [ref() is not None if ref is not None else _refs(values, index) > _ONLY_HELD
-                   for index, (_, ref, _, _) in entries]
-        if any(alive and entry[1] is None for (_, entry), alive in zip(entries, reached)):
+        reached = []
+        # storages of views others hold: such a view can write all of it, its base's elements too
+        held_views = set()
+        outputs_reached = False  # some output kept as itself is reached
+        for index, (_, ref, key, view) in entries:
+            if ref is None:  # the output itself: its reference count (``_refs``, inline)
+                alive = sys.getrefcount(values[index]) > _ONLY_HELD
+                outputs_reached = outputs_reached or alive
+            else:  # a detached alias (every view is one): reached while its output lives
+                alive = ref() is not None
+                if alive and view:
+                    held_views.add(key)
+            reached.append(alive)
+        if outputs_reached:
             # an op that returns an earlier output as it is (``to``, eval ``dropout``) holds
             # that object under a second index: each index holding it counts once
             times = Counter(id(values[index]) for index, entry in entries if entry[1] is None)
             reached = [alive and (entry[1] is not None or _refs(values, index) >
                                   _ONLY_HELD + times[id(values[index])] - 1)
                        for (index, entry), alive in zip(entries, reached)]
-        # a view someone else holds can write its whole storage, the base's elements included
-        held_views = {entry[2] for (_, entry), alive in zip(entries, reached)
-                      if alive and entry[3]}
         if held_views or self.escaped:
             protected = protected | held_views | self.escaped
         sharing = None  # storage -> held values on it; counted for the first view that asks
