@@ -178,41 +178,42 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         mod._torchlens_paused = True
 
     def wrap(mod, address, inner):
-        def forward(*args, **kwargs):
-            # not this capture's call, or not a module call: ``self.forward(...)`` called
-            # directly (a list dispatching item by item) is not one, for torch's hooks either
-            if get_ident() != owner or id(_getframe(1).f_code) not in _CALLERS:
-                return inner(*args, **kwargs)
-            n = counts.get(address, 0) + 1  # opened(), inline: it runs once per module call
-            counts[address] = n
-            frames.append([address, n, None, len(records), clock(), mod, frames[-1]])
-            try:
-                output = inner(*args, **kwargs)
-            except BaseException:  # the call ends without an output (a caller may catch it)
-                closed(mod, None, address)
-                raise
-            closed(mod, output, address)
-            return output
+        if labels_only:
+            def forward(*args, **kwargs):
+                # a light capture selecting no module: the frame only numbers the labels inside
+                if get_ident() != owner or id(_getframe(1).f_code) not in _CALLERS:
+                    return inner(*args, **kwargs)
+                n = counts.get(address, 0) + 1
+                counts[address] = n
+                frames.append([address, n, None, 0, 0, mod, frames[-1]])
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    if frames[-1][0] == address:
+                        frames.pop()
+                    else:
+                        _pop_frame(frames, address)
+        else:
+            def forward(*args, **kwargs):
+                # not this capture's call, or not a module call: ``self.forward(...)`` called
+                # directly (a list dispatching item by item) is not one, for torch's hooks
+                # either
+                if get_ident() != owner or id(_getframe(1).f_code) not in _CALLERS:
+                    return inner(*args, **kwargs)
+                n = counts.get(address, 0) + 1  # opened(), inline: it runs once per module call
+                counts[address] = n
+                frames.append([address, n, None, len(records), clock(), mod, frames[-1]])
+                try:
+                    output = inner(*args, **kwargs)
+                except BaseException:  # the call ends without an output (a caller may catch it)
+                    closed(mod, None, address)
+                    raise
+                closed(mod, output, address)
+                return output
 
-        def numbered(*args, **kwargs):
-            # a light capture selecting no module: the frame only numbers the labels inside
-            if get_ident() != owner or id(_getframe(1).f_code) not in _CALLERS:
-                return inner(*args, **kwargs)
-            n = counts.get(address, 0) + 1
-            counts[address] = n
-            frames.append([address, n, None, 0, 0, mod, frames[-1]])
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                if frames[-1][0] == address:
-                    frames.pop()
-                else:
-                    _pop_frame(frames, address)
-
-        chosen = numbered if labels_only else forward
-        chosen.__wrapped__ = inner  # inspect.signature(module.forward) still reads the real one
-        chosen._torchlens_frames = True
-        return chosen
+        forward.__wrapped__ = inner  # inspect.signature(module.forward) still reads the real one
+        forward._torchlens_frames = True
+        return forward
 
     labels_only = state.light is not None and not save_modules
     process_wide = bool(_module._global_forward_pre_hooks or _module._global_forward_hooks)
