@@ -351,10 +351,16 @@ def test_user_hooks_run_inside_their_module_and_are_kept():
     assert not torch_module._global_forward_pre_hooks
 
 
+def _as_found(module: nn.Module) -> bool:
+    """No instance ``forward`` or call of the capture's left on ``module``."""
+    return not {"forward", "_compiled_call_impl"} & set(vars(module))
+
+
 def test_module_boundaries_leave_every_forward_as_it_was():
-    """Frames open through a wrapped ``forward`` during the capture only: afterwards (also after
-    a forward that raised) no module has an instance ``forward`` it did not have, a module whose
-    ``forward`` the user replaced keeps that very object, and its ops count as that module's."""
+    """Frames open through the module's call during the capture only: afterwards (also after
+    a forward that raised) no module has an instance ``forward`` or call it did not have, a
+    module whose ``forward`` the user replaced keeps that very object, and its ops count as
+    that module's."""
     import inspect
 
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
@@ -375,11 +381,40 @@ def test_module_boundaries_leave_every_forward_as_it_was():
     assert trace["mul_1"].module == "2"
     assert str(seen[0]) == str(inspect.signature(nn.Linear(4, 4).forward))
     assert model[2].__dict__["forward"] is patched
-    assert all("forward" not in vars(m) for m in (model[0], model[1]))
+    assert all(_as_found(m) for m in (model[0], model[1]))
+    assert "_compiled_call_impl" not in vars(model[2])
     with pytest.raises(RuntimeError):
         tl.trace(model, torch.rand(3, 5))
     assert model[2].__dict__["forward"] is patched
-    assert all("forward" not in vars(m) for m in (model[0], model[1]))
+    assert all(_as_found(m) for m in (model[0], model[1]))
+    assert "_compiled_call_impl" not in vars(model[2])
+
+
+def test_a_module_copied_inside_the_forward_is_its_own_module_after_the_capture():
+    """A forward that keeps a deep copy of a submodule (a frozen snapshot) copies it while the
+    capture's frames are on it: the copy carries none of them, so afterwards it runs its own
+    weights, not the original's, and its call inside the capture is no pass of the original."""
+    import copy
+
+    class Snapshots(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+            self.frozen = None
+
+        def forward(self, x):
+            if self.frozen is None:
+                self.frozen = copy.deepcopy(self.fc)
+            return self.fc(x) + self.frozen(x)
+
+    model = Snapshots()
+    trace = tl.trace(model, torch.rand(2, 4))
+    assert [c.ops for c in trace["fc"].calls] == [["linear_1"]]
+    assert _as_found(model.frozen)
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        x = torch.rand(2, 4)
+        assert not torch.equal(model.frozen(x), model.fc(x))
 
 
 class Gate(nn.Module):
@@ -427,7 +462,7 @@ def test_two_threads_capturing_one_model_leave_it_as_it_was():
     for trace in results.values():  # each saw its own thread's calls only
         assert [op.func for op in trace] == ["input", "mul", "linear", "relu", "output"]
         assert [len(trace[a].calls) for a in ("0", "1", "2")] == [1, 1, 1]
-    assert all("forward" not in vars(m) for m in model.modules())
+    assert all(_as_found(m) for m in model.modules())
     assert not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks
     with torch.no_grad():
         assert [op.func for op in tl.trace(model, torch.rand(2, 4))] == [
@@ -503,7 +538,7 @@ def test_a_caught_error_in_a_submodule_ends_its_call(hooks):
     assert [c.ops for c in trace["fc"].calls] == [["linear_1"]]
     assert not torch_module._global_forward_hooks
     assert not torch_module._global_forward_hooks_always_called
-    assert all("forward" not in vars(m) for m in model.modules())
+    assert all(_as_found(m) for m in model.modules())
 
 
 class FallsBackTwice(FallsBack):
@@ -531,7 +566,7 @@ def test_a_recording_labels_the_ops_after_a_caught_error_as_the_trace_does():
     assert sorted(recording.labels) == sorted(wanted)
     for label in wanted:
         assert torch.equal(recording[label], trace[label].out)
-    assert all("forward" not in vars(m) for m in model.modules())
+    assert all(_as_found(m) for m in model.modules())
 
 
 class Recurrent(nn.Module):
@@ -642,7 +677,7 @@ def test_a_compiled_model_is_traced_through_its_original_modules():
         ("linear", "_orig_mod.0"), ("relu", "_orig_mod.1"), ("linear", "_orig_mod.2")]
     assert torch.equal(trace.output, expected)
     assert [c.output_ops for c in trace["_orig_mod.2"].calls] == [["linear_2"]]
-    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert all(_as_found(m) for m in model.modules())
     recording = tl.record(compiled, x, save=["relu_1", "_orig_mod.2"], progress=False)
     assert torch.equal(recording["relu_1"], trace["relu_1"].out)
     assert torch.equal(recording["_orig_mod.2"], expected)
@@ -650,6 +685,35 @@ def test_a_compiled_model_is_traced_through_its_original_modules():
     with torch.no_grad():
         assert torch.equal(compiled(x), expected)
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch._dynamo.reset()
+
+
+def test_a_submodule_compiled_in_place_is_traced_and_keeps_its_compiled_call():
+    """``module.compile()`` sets the call ``nn.Module.__call__`` makes instead of its own: a
+    capture runs it eagerly inside the submodule's frame (the ops are the submodule's, each
+    module call one pass), and the submodule keeps that compiled call afterwards."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    model[0].compile(backend=backend)
+    compiled_call = vars(model[0])["_compiled_call_impl"]
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model[2](model[1](model[0]._call_impl(x)))  # nothing compiled yet
+        trace = tl.trace(model, x)
+    assert [(op.func, op.module) for op in trace if op.kind == "op"] == [
+        ("linear", "0"), ("relu", "1"), ("linear", "2")]
+    assert [c.output_ops for c in trace["0"].calls] == [["linear_1"]]
+    assert torch.equal(trace.output, expected)
+    assert vars(model[0])["_compiled_call_impl"] is compiled_call
+    assert not graphs  # (whether torch compiles nn.Linear's own call afterwards varies)
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)
     torch._dynamo.reset()
 
 

@@ -1,9 +1,14 @@
 """Module-call boundaries: a frame opens when a submodule's forward starts and closes on its output.
 
-An ordinary submodule's ``forward`` is wrapped for the length of the capture (an instance
-attribute, removed after), so ``nn.Module.__call__`` keeps its hook-free fast path: one
-process-wide hook would send every module call of the forward through torch's slow path, which
-costs more than the frame itself. A submodule with hooks of its own, or a lazy one still to
+An ordinary submodule's call is caught where ``nn.Module.__call__`` looks for a compiled call
+(``_compiled_call_impl``, which ``module.compile()`` sets): for the length of the capture it is
+an instance attribute, removed after, that opens the frame and calls the module's own
+``_call_impl``, which keeps its hook-free fast path. One process-wide hook would send every
+module call of the forward through torch's slow path, which costs more than the frame itself;
+wrapping ``forward`` would also catch ``self.forward(v)`` called directly, which is no module
+call (for torch's hooks neither), and telling the two apart costs a look at the caller's frame;
+a deep copy of the module made inside the forward would carry a wrapped ``forward`` (torch's
+copy leaves the compiled call out). A submodule with hooks of its own, or a lazy one still to
 materialize, gets hooks registered after the user's instead: its frame opens after the user's
 pre-hooks ran and closes on the output the user's forward hooks return. While the user has
 process-wide forward hooks, every call takes the slow path anyway and their order matters, so
@@ -18,9 +23,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from functools import partial
-from sys import _getframe
 from threading import get_ident
-from types import CodeType
 from typing import Any
 
 import torch
@@ -31,12 +34,8 @@ from torch.nn.modules.lazy import LazyModuleMixin
 from .recorder import R_OUT_SHAPES, snapshot
 
 _MISSING = object()
-# the frames that call a module's forward: ``_call_impl`` and, on its path with hooks, the
-# function it defines inside. Looked up by identity: hashing a code object reads all of it
-# (3 µs on Python 3.12, at every module call)
-_CALLER_CODES = (_call := torch.nn.Module._call_impl.__code__,
-                 *(c for c in _call.co_consts if isinstance(c, CodeType)))
-_CALLERS = frozenset(map(id, _CALLER_CODES))
+# the instance attribute ``nn.Module.__call__`` calls instead of ``_call_impl`` when it is set
+_CALL = "_compiled_call_impl"
 
 
 def leaves(value: Any, found: list, depth: int = 0) -> list:
@@ -66,19 +65,19 @@ def fields_of(value: Any) -> list[tuple[str, Any]] | None:
 
 
 class _Unwrap:
-    """The handle of the wrapped forwards: ``remove()`` puts each module's own back."""
+    """The handle of the wrapped calls: ``remove()`` leaves each module's call as it was."""
 
     def __init__(self) -> None:
         self.wrapped: list[tuple[dict, Any, Any]] = []  # (instance dict, before, wrapper)
 
     def remove(self) -> None:
         for attrs, before, wrapper in reversed(self.wrapped):
-            if attrs.get("forward") is not wrapper:
+            if attrs.get(_CALL) is not wrapper:
                 continue  # replaced during the capture by someone else: theirs stays
             if before is _MISSING:
-                del attrs["forward"]
+                del attrs[_CALL]
             else:
-                attrs["forward"] = before
+                attrs[_CALL] = before
         self.wrapped.clear()
 
 
@@ -179,9 +178,9 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
 
     def wrap(mod, address, inner):
         if labels_only:
-            def forward(*args, **kwargs):
+            def call(*args, **kwargs):
                 # a light capture selecting no module: the frame only numbers the labels inside
-                if get_ident() != owner or id(_getframe(1).f_code) not in _CALLERS:
+                if get_ident() != owner:
                     return inner(*args, **kwargs)
                 n = counts.get(address, 0) + 1
                 counts[address] = n
@@ -194,11 +193,8 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
                     else:
                         _pop_frame(frames, address)
         else:
-            def forward(*args, **kwargs):
-                # not this capture's call, or not a module call: ``self.forward(...)`` called
-                # directly (a list dispatching item by item) is not one, for torch's hooks
-                # either
-                if get_ident() != owner or id(_getframe(1).f_code) not in _CALLERS:
+            def call(*args, **kwargs):
+                if get_ident() != owner:  # another thread's call
                     return inner(*args, **kwargs)
                 n = counts.get(address, 0) + 1  # opened(), inline: it runs once per module call
                 counts[address] = n
@@ -211,9 +207,8 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
                 closed(mod, output, address)
                 return output
 
-        forward.__wrapped__ = inner  # inspect.signature(module.forward) still reads the real one
-        forward._torchlens_frames = True
-        return forward
+        call._torchlens_frames = True
+        return call
 
     labels_only = state.light is not None and not save_modules
     process_wide = bool(_module._global_forward_pre_hooks or _module._global_forward_hooks)
@@ -231,15 +226,18 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
                 handles.append(module.register_forward_hook(partial(post, address=address),
                                                             always_call=True))
             elif process_wide or isinstance(module, torch.jit.ScriptModule) or getattr(
-                    module.__dict__.get("forward"), "_torchlens_frames", False):
+                    module.__dict__.get(_CALL), "_torchlens_frames", False):
                 # (another capture, in another thread or around this one, wrapped it: it
                 # unwraps its own, so this one does not stack on top)
                 addresses[id(module)] = address
             else:
                 attrs = module.__dict__
-                wrapper = wrap(module, address, module.forward)
-                unwrap.wrapped.append((attrs, attrs.get("forward", _MISSING), wrapper))
-                attrs["forward"] = wrapper
+                before = attrs.get(_CALL, _MISSING)
+                # ``module.compile()``'s call, run eagerly under the capture, or torch's own
+                wrapper = wrap(module, address, before if before not in (_MISSING, None)
+                               else module._call_impl)
+                unwrap.wrapped.append((attrs, before, wrapper))
+                attrs[_CALL] = wrapper
         if addresses:
             handles.append(_module.register_module_forward_pre_hook(pre))
             handles.append(_module.register_module_forward_hook(post, always_call=True))
