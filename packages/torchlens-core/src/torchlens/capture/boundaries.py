@@ -233,9 +233,9 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
             else:
                 attrs = module.__dict__
                 before = attrs.get(_CALL, _MISSING)
-                # ``module.compile()``'s call, run eagerly under the capture, or torch's own
-                wrapper = wrap(module, address, before if before not in (_MISSING, None)
-                               else module._call_impl)
+                # torch's own call, or the one ``module.compile()`` set (eager in a capture)
+                wrapper = wrap(module, address, module._call_impl
+                               if before is _MISSING or before is None else before)
                 unwrap.wrapped.append((attrs, before, wrapper))
                 attrs[_CALL] = wrapper
         if addresses:
