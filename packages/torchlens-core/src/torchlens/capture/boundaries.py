@@ -109,14 +109,9 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
             frame = _pop_frame(frames, address)
             if frame is None:
                 return
-        if type(output) is torch.Tensor and not state.writes and not save_modules and \
-                state.light is None:  # the common case, inline
-            e = tensors.get(id(output))
-            outs = [(e[0], e[3])] if e is not None and e[1]() is output else []
-        else:
-            outs = outputs_of(frame, output, address)
-            if outs is None:  # a light capture's frame: nothing to keep
-                return
+        outs = outputs_of(frame, output, address)
+        if outs is None:  # a light capture's frame: nothing to keep
+            return
         frame[4] = clock() - frame[4]
         frame += (len(records), outs)
         calls.append(frame)
@@ -198,19 +193,31 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
                     return inner(*args, **kwargs)
                 n = counts.get(address, 0) + 1  # opened(), inline: it runs once per module call
                 counts[address] = n
-                frames.append([address, n, None, len(records), clock(), mod, frames[-1]])
+                frame = [address, n, None, len(records), clock(), mod, frames[-1]]
+                frames.append(frame)
                 try:
                     output = inner(*args, **kwargs)
                 except BaseException:  # the call ends without an output (a caller may catch it)
                     closed(mod, None, address)
                     raise
-                closed(mod, output, address)
+                if plain and type(output) is Tensor and not writes and frames[-1] is frame:
+                    frames.pop()  # closed(), inline for one tensor and nothing written in place
+                    e = tensors.get(id(output))
+                    frame[4] = clock() - frame[4]
+                    frame += (len(records), [(e[0], e[3])] if e is not None and e[1]() is output
+                              else [])
+                    calls.append(frame)
+                else:
+                    closed(mod, output, address)
                 return output
 
         call._torchlens_frames = True
         return call
 
     labels_only = state.light is not None and not save_modules
+    plain = state.light is None and not save_modules  # a frame closes on its output's op alone
+    writes = state.writes
+    Tensor = torch.Tensor
     process_wide = bool(_module._global_forward_pre_hooks or _module._global_forward_hooks)
     unwrap = _Unwrap()
     handles.append(unwrap)
