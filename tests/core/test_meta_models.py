@@ -103,3 +103,36 @@ def test_a_data_dependent_op_names_itself_and_carries_the_partial_trace():
     assert "getitem" in err.value.message and "smaller config" in err.value.teach[0]
     partial = err.value.partial_trace
     assert [op.func for op in partial][:4] == ["input", "linear", "squeeze", "gt"]
+
+
+class _WritesThroughViews(nn.Module):
+    """Two outputs each written in place through a view: on meta every storage starts at
+    address 0, so telling them apart by address would make ``z``'s write ``y``'s too."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        y, z = self.a(x), self.b(x)
+        y[0].add_(1)
+        z[1].mul_(2)
+        return y + z
+
+
+# every zoo model whose forward takes one tensor, which ``input_shape=`` declares
+_ONE_TENSOR = [n for n in PURE_CASES if n not in ("multi_positional", "keyword_inputs")]
+
+
+@pytest.mark.parametrize("name", ["writes_through_views", *_ONE_TENSOR])
+def test_a_meta_model_has_the_edges_of_the_same_model_on_the_cpu(name):
+    if name == "writes_through_views":
+        real, x = _WritesThroughViews().eval(), torch.randn(2, 4)
+        with torch.device("meta"):
+            meta = _WritesThroughViews().eval()
+    else:
+        meta, real, x = on_meta(name)
+    log = tl.trace(meta, input_shape=tuple(x.shape), save=None)
+    gold = tl.trace(real, x, save=None)
+    assert [(op.label, op.parents, op.children) for op in log] == [
+        (op.label, op.parents, op.children) for op in gold]

@@ -30,12 +30,19 @@ _writers: dict[Any, Any] = {}  # callable -> how it writes (see _writer_of); cac
 def storage_key(t: Tensor) -> int:
     """Identity of ``t``'s storage while it is alive: where its data starts, from the tensor's
     own pointer (``untyped_storage()`` would make a Python object that lives as long as the
-    storage does, one more for the collector per saved value)."""
+    storage does, one more for the collector per saved value). A storage with no memory (on
+    meta every one starts at address 0) is told by its storage object instead."""
     try:
-        return t.data_ptr() - t.storage_offset() * t.element_size()
+        start = t.data_ptr() - t.storage_offset() * t.element_size()
     except Exception:
         if is_wrapped(t):  # a functorch transform's wrapper: the memory is its real tensor's
             return storage_key(unwrapped(t)[0])
+        start = 0
+    if start:
+        return start
+    try:  # negative: never a data address
+        return -t.untyped_storage()._cdata
+    except Exception:
         return -1
 
 
