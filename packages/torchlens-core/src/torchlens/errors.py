@@ -126,6 +126,15 @@ class StateError(TorchLensError, RuntimeError):
     """The model's state is not what a surface's policy promises."""
 
 
+def add_note(exc: BaseException, note: str) -> None:
+    """PEP 678's ``exc.add_note``, which Python 3.11 added; on 3.10 the note goes on
+    ``exc.__notes__`` all the same, though 3.10's traceback does not print it."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), note]
+
+
 class TorchLensWarning(UserWarning):
     """Base of TorchLens warnings; the message starts with the code so it can be filtered."""
 

@@ -23,7 +23,7 @@ from torch.nn.parameter import Parameter, is_lazy
 
 from .. import __version__ as _tl_version
 from ..collector import paused
-from ..errors import InputError, InputTypeError, warn
+from ..errors import InputError, InputTypeError, add_note, warn
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .boundaries import fields_of, leaves
 from .boundaries import install as install_boundaries
@@ -500,6 +500,6 @@ def _attach_failure(exc: BaseException, state: CaptureState, partial: Trace) -> 
     try:
         exc.partial_trace = partial  # type: ignore[attr-defined]
         exc.torchlens_failure = failure  # type: ignore[attr-defined]
-        exc.add_note(note)
+        add_note(exc, note)
     except (AttributeError, TypeError):
         pass

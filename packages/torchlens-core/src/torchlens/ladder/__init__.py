@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import CaptureError, InputError, InputTypeError, TorchLensError
+from ..errors import CaptureError, InputError, InputTypeError, TorchLensError, add_note
 from . import provenance as prov
 from .infer import MAX_PROBES, Inference, infer
 from .real import resolve_real
@@ -96,9 +96,9 @@ def forward_errors(res: Resolution, surface: str = "trace") -> Iterator[None]:
         yield
     except Exception as exc:
         if res.given == "list" and not isinstance(exc, TorchLensError):
-            exc.add_note(f"torchlens: a list input is passed as positional arguments "
-                         f"(model(*x)); to pass the list itself as one argument, wrap it: "
-                         f"tl.{surface}(model, (x,))")
+            add_note(exc, f"torchlens: a list input is passed as positional arguments "
+                          f"(model(*x)); to pass the list itself as one argument, wrap it: "
+                          f"tl.{surface}(model, (x,))")
         if res.provenance.get("origin") != "declared" or isinstance(exc, TorchLensError):
             raise
         shapes = ", ".join(f"{s['slot']}: {tuple(s['shape'])} {s['dtype']} {s['recipe']}"
