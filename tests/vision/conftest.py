@@ -29,7 +29,8 @@ def make_image(seed: int = 0, size: tuple[int, int] = (48, 40), mode: str = "RGB
     width, height = size
     image = Image.fromarray(rng.randint(0, 256, (height, width, 4), dtype=np.uint8), "RGBA")
     if mode == "P":
-        return image.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+        adaptive = getattr(Image, "Palette", Image).ADAPTIVE  # (Image.Palette: Pillow 9.1+)
+        return image.convert("RGB").convert("P", palette=adaptive, colors=16)
     return image.convert(mode)
 
 
