@@ -65,3 +65,24 @@ def test_python_error_outside_a_torch_call():
     assert "after op 'add_1'" in " ".join(err.value.__notes__)
     assert len(err.value.partial_trace) == 2
 
+
+class NoAddNote(ValueError):
+    """An error without ``BaseException.add_note``, as every error is on Python 3.10."""
+
+    def __getattribute__(self, name):
+        if name == "add_note":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_the_note_reaches___notes___where_errors_have_no_add_note():
+    class Raises(nn.Module):
+        def forward(self, x):
+            x = x + 1
+            raise NoAddNote("boom")
+
+    with pytest.raises(NoAddNote) as err:
+        tl.trace(Raises(), torch.rand(2))
+    assert not hasattr(err.value, "add_note")
+    assert "after op 'add_1'" in " ".join(err.value.__notes__)
+
