@@ -86,6 +86,22 @@ def test_an_hf_model_without_a_saved_processor_refuses(tmp_path):
     assert any(".unsqueeze(0)" in t for t in err.teach)
 
 
+def test_a_folder_without_a_tokenizer_loads_where_transformers_raises_key_error(vit, monkeypatch):
+    """Asked for the tokenizer of a config that has none, transformers 4 raises KeyError (5
+    raises ValueError): the folder loads all the same, without a tokenizer."""
+    import transformers
+
+    from torchlens.plugins import hook
+
+    def no_tokenizer(*args, **kwargs):
+        raise KeyError(transformers.ViTConfig)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_tokenizer)
+    model = hook().torchlens_load_model(path=vit[2], meta=False)
+    assert type(model).__name__ == "ViTForImageClassification" and not model.training
+    assert getattr(model, "tokenizer", None) is None
+
+
 def test_rung3_uses_the_config_image_size(vit):
     trace = tl.trace(vit[0], save=None)
     diary = trace.provenance["probe_diary"]

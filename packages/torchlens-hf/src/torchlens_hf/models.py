@@ -142,8 +142,10 @@ def load_folder(path: str, meta: bool = False) -> nn.Module | None:
     model = cls.from_pretrained(path, local_files_only=True).eval()
     try:
         model.tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, TypeError):
-        pass  # no tokenizer in the folder: --text will refuse with tokenizer_unavailable
+    except (OSError, ValueError, TypeError, KeyError):
+        # no tokenizer in the folder (transformers 4 says so with a KeyError for a config with
+        # no tokenizer class): --text will refuse with tokenizer_unavailable
+        pass
     return model
 
 
