@@ -19,7 +19,8 @@ __all__ = [
     "Module", "ModuleCall", "Op", "Trace", "TorchLensError", "TorchLensWarning", "hookimpl",
     "Summary", "draw", "load", "record", "summary", "trace",
 ]
-SUBMODULES = ("debug", "types", "viz", "recording", "validation", "plugins", "errors")
+SUBMODULES = ("debug", "types", "viz", "recording", "validation", "plugins", "errors", "edits",
+              "sites")
 
 
 def __getattr__(name: str):

@@ -181,6 +181,8 @@ class Summary:
         t = self.totals
         lines = [f"{self.trace.meta.get('model_class', 'Model')} summary",
                  describe_provenance(self.provenance), rule, line(cells[0]), rule]
+        if self.trace.edited:
+            lines.insert(2, self._edited_line())
         lines += [line(c) for c in cells[1:]]
         lines += [rule,
                   f"Total params: {t['total_params']:,} (shared counted once)",
@@ -212,6 +214,14 @@ class Summary:
                    "shape (one-time setup excluded)"
         return f"{what}; {timing.get('note', 'no warm-up: the first calls include one-time setup')}"
 
+    def _edited_line(self) -> str:
+        """An edited capture says so above the table: its values are not the model's own."""
+        log = self.trace.edits
+        fired = [f"{row['site']} ({row['kind']} at {row['label']}, change {row['norm']:.3g})"
+                 for row in log if row["fired"]]
+        return f"EDITED: {len(log.specs)} edit(s) fired {len(fired)} time(s): " + "; ".join(
+            fired[:6]) + (f"; and {len(fired) - 6} more" if len(fired) > 6 else "")
+
     def _receipt_line(self) -> str:
         r = self.receipt
         if r is None:
@@ -236,7 +246,8 @@ class Summary:
                 f"<td style='text-align:{'left' if i == 0 else 'right'}'>{esc(c)}</td>"
                 for i, c in enumerate(self._cells(r))) + "</tr>" for r in self.rows)
         t = self.totals
-        return (f"<div><p><b>{esc(describe_provenance(self.provenance))}</b></p>"
+        edited = f"<p><b>{esc(self._edited_line())}</b></p>" if self.trace.edited else ""
+        return (f"<div><p><b>{esc(describe_provenance(self.provenance))}</b></p>{edited}"
                 f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
                 f"<p>Total params: {t['total_params']:,} · trainable {t['trainable_params']:,}"
                 f" · FLOPs {human(t['flops'])} · activations {_mb(t['activation_bytes'])}</p>"

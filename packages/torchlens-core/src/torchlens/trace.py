@@ -314,6 +314,25 @@ class Trace:
                 and self[parent].device and op.device and self[parent].device != op.device]
 
     @property
+    def edited(self) -> bool:
+        """Whether this trace ran with edits (``edits=``): its values are not the model's own."""
+        return "edits" in self.meta
+
+    @property
+    def edits(self):
+        """The proof of firing: one row per site and pass where an edit applied (label,
+        module, shape, index, norm of the change); empty for an unedited trace."""
+        from .edits.log import EditLog
+
+        record = self.meta.get("edits") or {"specs": [], "fired": []}
+        rows = []
+        for row in record["fired"]:
+            if row["label"] is None and row.get("op_index") is not None:
+                row = dict(row, label=self.ops[row["op_index"]].label)
+            rows.append(row)
+        return EditLog(rows, record["specs"])
+
+    @property
     def num_params(self) -> int:
         """Parameters of the model, tied parameters counted once."""
         return sum(p["numel"] for p in self.params.values())
@@ -331,8 +350,15 @@ class Trace:
             f"<Trace of {self.meta.get('model_class', 'model')}: {n_ops} ops, "
             f"{len(self.inputs)} input(s), {len(self.outputs)} output(s), "
             f"{len(self.modules)} modules, {self.num_params:,} params, {saved} saved, "
-            f"input {origin}>"
+            f"input {origin}{self._edited_note()}>"
         )
+
+    def _edited_note(self) -> str:
+        if not self.edited:
+            return ""
+        specs = self.meta["edits"]["specs"]
+        return (f", EDITED: {len(specs)} edit(s) at {[e['site'] for e in specs][:4]}, "
+                "values are not the model's own")
 
     def __str__(self) -> str:
         """The op table: label, function, module, output shape, params, FLOPs, time."""

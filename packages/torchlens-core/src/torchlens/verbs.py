@@ -17,6 +17,7 @@ from .capture.inference import ordinary, outside_inference_mode, refuse_inferenc
 from .capture.inventory import Inventory, inventory
 from .capture.meta import check_inputs, refuse_values
 from .capture.policy import pinned, state_fingerprints, state_hash, warm_up
+from .edits.plan import EditPlan
 from .errors import CaptureError, InputError, InputTypeError, StateError, warn
 from .ladder import ABSENT, Resolution, forward_errors, resolve
 from .ladder.budget import check_save_budget
@@ -86,7 +87,8 @@ def _refuse_scripted(scripted: list[str], surface: str) -> None:
 
 
 def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str,
-                   warmup: bool = False, inv: Inventory | None = None) -> Trace:
+                   warmup: bool = False, inv: Inventory | None = None,
+                   edits: EditPlan | None = None) -> Trace:
     """One capture in eval + no-grad with state restored; the receipt rides on the trace.
     ``warmup``: one uncaptured forward first, inside the same pinning, so one-time setup is not
     timed as a layer's cost (disclosed in ``trace.meta["timing"]``). ``inv``: the model's
@@ -97,7 +99,7 @@ def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, su
         if timing and timing.get("warmup_forwards"):
             box["reset"]()  # the capture describes the call the caller would make next
         result = capture(model, args, kwargs, save=save, inv=None if timing and timing.get(
-            "warmup_forwards") else inv)
+            "warmup_forwards") else inv, edits=edits)
     result.receipt = box["receipt"]
     result.meta["receipt"] = box["receipt"].as_dict()
     if timing is not None:
@@ -150,6 +152,8 @@ def rerun(previous: Trace, input: Any, /, *, input_kwargs: dict | None = None,
     saved = previous.meta.get("options", {})
     options.setdefault("save", saved.get("save", "all"))
     options.setdefault("intervention_ready", bool(saved.get("intervention_ready")))
+    options.setdefault("edits", previous._objects.get("edits"))
+    options.setdefault("allow_unfired", bool(saved.get("allow_unfired")))
     return trace(model, input, input_kwargs=input_kwargs, **options)
 
 
@@ -157,15 +161,19 @@ def rerun(previous: Trace, input: Any, /, *, input_kwargs: dict | None = None,
 def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
           input_shape: Any = None, save: Any = "all", intervention_ready: bool = False,
           tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
-          labels: Any = None) -> Trace:
+          labels: Any = None, edits: Any = None, allow_unfired: bool = False) -> Trace:
     """Record every op of ``model``'s forward on a real input, a declared shape, or nothing.
 
     ``input`` is a tensor, a tuple of positional args, a mapping of forward keywords, or anything
     a plugin resolves (a prompt string, a PIL image). ``save`` is "all", None or a list of op
-    labels / module addresses. Keeps the caller's train/eval and grad modes.
+    labels / module addresses / module globs. Keeps the caller's train/eval and grad modes.
+    ``edits={site: edit}`` (``tl.edits``) changes the forward where each site's value is made;
+    ``trace.edits`` proves each fired, and a site that never fired refuses unless
+    ``allow_unfired=True``.
     """
     inv = checked_inventory(model, "trace")
     parse_save(save, model, inv)
+    plan = plan_edits(edits, inv, model, allow_unfired, "trace")
     if intervention_ready and inv.lazy:
         raise StateError(
             "intervention_ready=True needs a state baseline, but "
@@ -182,43 +190,69 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"), inv=inv)
     if res.verified is not None:
         result = res.verified
-        if not saves_nothing(save):
+        if not saves_nothing(save) or plan is not None:
             check_save_budget(res.provenance, save)
-            result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace")
+            result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace",
+                                    edits=plan)
             res.provenance["recapture"] = {
-                "reason": f"save={save!r} is not satisfied by the metadata-only verified capture",
+                "reason": f"save={save!r} is not satisfied by the metadata-only verified capture"
+                if plan is None else "edits= apply to a capture of their own",
                 "policy": "eval + no-grad, the mode inference verified",
             }
     else:
         with forward_errors(res, "trace"):
-            result = capture(model, res.args, res.kwargs, save=save, inv=res.inventory)
+            result = capture(model, res.args, res.kwargs, save=save, inv=res.inventory,
+                             edits=plan)
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
-    result._objects.update({"model": model, "rerun": rerun, "labels": labels, **res.objects})
+    _note_edits(result, plan)
+    result._objects.update({"model": model, "rerun": rerun, "labels": labels, "edits": edits,
+                            **res.objects})
     if intervention_ready:
         prints = state_fingerprints(model)
         result.meta["state_baseline"] = {"digest": state_hash(model, fingerprints=prints),
                                          "tensors": prints}
-    result.meta["options"] = {"save": save, "intervention_ready": intervention_ready}
+    result.meta["options"] = {"save": save, "intervention_ready": intervention_ready,
+                              "allow_unfired": allow_unfired}
     return result
 
 
+def plan_edits(edits: Any, inv: Inventory, model: nn.Module, allow_unfired: bool,
+               surface: str) -> EditPlan | None:
+    """``edits=`` resolved before any forward runs (None: no edits, the unedited capture)."""
+    if edits is None:
+        return None
+    return EditPlan(edits, inv, model, allow_unfired=allow_unfired, surface=surface)
+
+
+def _note_edits(result: Trace, plan: EditPlan | None) -> None:
+    """An edited trace's provenance says so, in every copy of it (saved files too)."""
+    if plan is not None:
+        result.provenance["edits"] = plan.specs()
+
+
 def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, input_shape: Any,
-                 surface: str, options: dict, warmup: bool = False) -> Trace:
+                 surface: str, options: dict, warmup: bool = False, edits: Any = None,
+                 allow_unfired: bool = False) -> Trace:
     """The pinned surfaces' capture: ONE metadata-only capture in eval + no-grad (on rung 3, the
     verified probe itself), with provenance and receipt attached; ``warmup`` runs one uncaptured
-    forward first inside the same pinning (for timed tables)."""
+    forward first inside the same pinning (for timed tables); ``edits`` change that capture."""
+    plan = None
+    if edits is not None:
+        inv = checked_inventory(model, surface)
+        plan = plan_edits(edits, inv, model, allow_unfired, surface)
     res = resolve_for(
         model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface=surface,
         options=options,
         probe=lambda a, k: pinned_capture(model, a, k, save=None, surface=surface,
                                           warmup=warmup))
     result = res.verified
-    if result is None:
+    if result is None or plan is not None:
         with forward_errors(res, surface):
             result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface,
-                                    warmup=warmup, inv=res.inventory)
+                                    warmup=warmup, inv=res.inventory, edits=plan)
     result.provenance = res.provenance
+    _note_edits(result, plan)
     result._objects.update({"model": model, "rerun": rerun, **res.objects})
     return result
 
@@ -226,14 +260,17 @@ def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, inp
 @outside_inference_mode
 def summary(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
             input_shape: Any = None, depth: int | None = 3, ops: bool = False,
-            tokenizer: Any = None, processor: Any = None, preprocess: Any = None) -> Summary:
+            tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
+            edits: Any = None, allow_unfired: bool = False) -> Summary:
     """A module-tree table of ``model`` from ONE metadata-only capture pinned to eval + no-grad;
     the model's modes, RNG and buffers are restored and verified (``summary.receipt``). One
     uncaptured warm-up forward runs first under the same pinning, so the Time column does not
-    count one-time setup (disclosed under the table)."""
+    count one-time setup (disclosed under the table). ``edits=``: the table of the edited
+    model, marked as such."""
     result = pinned_trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
                           surface="summary",
-                          options=_options(tokenizer, processor, preprocess), warmup=True)
+                          options=_options(tokenizer, processor, preprocess), warmup=True,
+                          edits=edits, allow_unfired=allow_unfired)
     return Summary(result, depth=depth, ops=ops)
 
 
@@ -242,7 +279,8 @@ def draw(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None 
          input_shape: Any = None, theme: str = "light", collapse: str | int = "auto",
          module: str | None = None, depth: int | None = None, path: Any = None,
          file_format: str | None = None, open_viewer: bool = False, tokenizer: Any = None,
-         processor: Any = None, preprocess: Any = None, **passthrough: Any):
+         processor: Any = None, preprocess: Any = None, edits: Any = None,
+         allow_unfired: bool = False, **passthrough: Any):
     """The one-call picture: ONE metadata-only capture pinned to eval + no-grad (state restored
     and verified, ``result.receipt``), rendered with ``collapse="auto"``. Returns a detached
     ``tl.viz.Drawing``; every other keyword passes through to ``Trace.draw``."""
@@ -252,7 +290,8 @@ def draw(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None 
                  file_format=file_format, open_viewer=open_viewer, **passthrough)
     validate_options(**dict(dials))  # refuse a bad dial before any forward runs
     result = pinned_trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
-                          surface="draw", options=_options(tokenizer, processor, preprocess))
+                          surface="draw", options=_options(tokenizer, processor, preprocess),
+                          edits=edits, allow_unfired=allow_unfired)
     return render_drawing(result, receipt=result.receipt, **dials)
 
 

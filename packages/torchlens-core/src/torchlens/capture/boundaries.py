@@ -81,13 +81,15 @@ class _Unwrap:
         self.wrapped.clear()
 
 
-def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
+def install(named_modules, state, calls: list, save_modules: set[str], plan: Any = None) -> list:
     """Open and close a frame around each submodule call; returns handles to ``remove()``.
 
     A frame is ``[address, pass, name counters, first record, start ns, module, enclosing
     frame]``; a finished call's frame, its start turned into its time and extended by its end
     record and its outputs, goes to ``calls``. ``save_modules`` are addresses whose outputs are
-    kept.
+    kept. ``plan``: an edit plan naming module sites; each call of those modules passes its
+    output through ``plan.module`` before its frame closes (the other modules' calls are as
+    they would be without it).
     """
     handles: list = []
     counts: dict[str, int] = {}
@@ -156,6 +158,10 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
             resume(mod)  # a lazy one's initialization raised before ``pre`` ran
         address = served(mod, address)
         if address is not None:
+            if edited is not None and address in edited:
+                output = plan.module(state, address, counts[address], args, output)
+                closed(mod, output, address)
+                return output  # torch's hook contract: what a forward hook returns is the output
             closed(mod, output, address)
 
     def resume(mod):
@@ -171,7 +177,19 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         state.suspended += 1
         mod._torchlens_paused = True
 
+    def editing(address, inner):
+        """``inner`` with the plan's edits of this module applied to its output."""
+        def call(*args, **kwargs):
+            output = inner(*args, **kwargs)
+            if get_ident() != owner:
+                return output
+            return plan.module(state, address, counts[address], args, output)
+
+        return call
+
     def wrap(mod, address, inner):
+        if edited is not None and address in edited:
+            inner = editing(address, inner)
         if labels_only:
             def call(*args, **kwargs):
                 # a light capture selecting no module: the frame only numbers the labels inside
@@ -214,6 +232,7 @@ def install(named_modules, state, calls: list, save_modules: set[str]) -> list:
         call._torchlens_frames = True
         return call
 
+    edited = plan.modules if plan is not None else None
     labels_only = state.light is not None and not save_modules
     plain = state.light is None and not save_modules  # a frame closes on its output's op alone
     writes = state.writes

@@ -167,6 +167,13 @@ class Held:
         if self.entries:
             self.before_write([t])
 
+    def forget(self, index: int) -> None:
+        """Stop holding op ``index``'s value (the capture replaced it with a copy of its own)."""
+        if self.entries.pop(index, None) is not None and self.by_storage is not None:
+            for indices in self.by_storage.values():
+                if index in indices:
+                    indices.remove(index)
+
     def _own(self, index: int) -> None:
         self.entries.pop(index)
         value = self.values[index]

@@ -24,6 +24,7 @@ from torch.nn.parameter import Parameter, is_lazy
 from .. import __version__ as _tl_version
 from ..collector import paused
 from ..errors import InputError, InputTypeError, add_note, warn
+from ..sites import SiteUnknown, parse_site
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .boundaries import fields_of, leaves
 from .boundaries import install as install_boundaries
@@ -67,30 +68,47 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
             code="save_selection_invalid",
             teach=["tl.trace(model, x, save='all')", "tl.trace(model, x, save=['conv2d_1', 'fc'])"],
         )
-    modules = {name for name, _ in (inv or inventory(model)).modules if name}
-    return False, {s for s in save if s not in modules}, {s for s in save if s in modules}
+    addresses = [name for name, _ in (inv or inventory(model)).modules if name]
+    labels, modules = set(), set()
+    for text in save:
+        try:
+            sites = parse_site(text, addresses)
+        except SiteUnknown as exc:
+            raise InputError(
+                f"save= names {text!r}, which is no op label, module address or module glob of "
+                f"{type(model).__name__}", code="save_selection_invalid",
+                teach=[f"tl.trace(model, x, save={[c]!r})" for c in exc.close]
+                + ["tl.trace(model, x, save=None)  # then list the labels: [op.label for op in t]"]
+            ) from None
+        for site in sites:
+            (labels.add(text) if site.kind == "op" else modules.add(site.name))
+    return False, labels, modules
 
 
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
             provenance: dict | None = None, replay: bool = False,
-            inv: Inventory | None = None) -> Trace:
+            inv: Inventory | None = None, edits: Any = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace.
 
     ``replay=True`` also keeps each op's call template and live output (for validation) in
     ``trace._replay`` — memory-hungry, never saved. ``inv`` is the model's inventory when the
-    caller took it just before.
+    caller took it just before. ``edits``: an ``edits.EditPlan`` applied through the seam; its
+    proof of firing goes to ``trace.meta["edits"]``, and a site that never fired refuses.
     """
     with paused():
-        return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model))
+        return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model),
+                        edits)
 
 
-def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> Trace:
+def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan=None) -> Trace:
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     # the inventory's id tables (each capture takes its own inventory, so they are its to grow)
     state = CaptureState(inv.param_ids, inv.buffer_ids, save_all, save_labels)
     state.keep_outputs = not saves_nothing(save)
     state.model = model
     state.guard = write_guard()  # inside a pinned block: parameters copied before a write
+    if plan is not None:
+        _plug(state, plan)
     if replay:
         state.calls, state.live = {}, {}
     elif save_all or save_labels:
@@ -100,7 +118,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     structure = None
     offloaded = inv.hooked
     no_values = inv.has_meta and is_meta(model)
-    handles = install_boundaries(inv.modules, state, calls, save_modules)  # removed below
+    handles = install_boundaries(inv.modules, state, calls, save_modules, plan)  # removed below
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     try:
@@ -119,6 +137,8 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
         partial = _build(model, inv, state, calls, None, time.perf_counter_ns() - t0, save,
                          provenance, is_partial=True)
         _report_lost(partial, lost)
+        if plan is not None:
+            _mark_edited(partial, plan)
         _attach_failure(exc, state, partial)
         if no_values and (state.failure is not None or is_value_error(exc)):
             raise op_unsupported(exc, state.failure, partial) from exc
@@ -133,6 +153,9 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
     result = _build(model, inv, state, calls, structure, time.perf_counter_ns() - t0, save,
                     provenance, homes=homes(model, offloaded) if offloaded else None)
     _report_lost(result, lost)
+    if plan is not None:
+        _mark_edited(result, plan)
+        plan.refuse_unfired(result)
     if no_values:
         result.meta["values"] = "meta"  # shapes and costs only: no tensor holds values
     result._objects["output_values"] = state.output_objects
@@ -141,6 +164,18 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory) -> T
                           "grads": state.grads, "versions": state.versions,
                           "orders": state.orders, "autocast": state.autocast}
     return result
+
+
+def _plug(state: CaptureState, plan: Any) -> None:
+    """Plug an edit plan into the seam: op sites need labels during the forward."""
+    if plan.ops:
+        state.seam = plan
+        state.labelled = True
+
+
+def _mark_edited(trace: Trace, plan: Any) -> None:
+    """What was asked and what fired, in the trace's meta (saved with it)."""
+    trace.meta["edits"] = {"specs": plan.specs(), "fired": plan.rows()}
 
 
 def _settle(state: CaptureState, inv: Inventory, args: tuple, kwargs: dict) -> list[int]:
@@ -188,19 +223,22 @@ def _check_selection(records: list, labels: set[str]) -> None:
 
 
 def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str],
-                     keep: Any = None, inv: Inventory | None = None) -> dict[str, Any]:
+                     keep: Any = None, inv: Inventory | None = None,
+                     edits: Any = None) -> dict[str, Any]:
     """A light capture: only labels are computed and only the selected activations copied.
 
     Labels match a full trace's; module addresses give the module's output (``addr:2`` for a
     later pass). ``keep(key, value)`` makes what is kept of a live value (default: a detached
     copy). Returns ``{label or address: kept value}``. ``inv``: the model's inventory, when the
-    caller took it just before.
+    caller took it just before. ``edits``: an ``edits.EditPlan`` applied as in ``capture``.
     """
     with paused():
-        return _capture_selected(model, args, kwargs, save, keep, inv or inventory(model))
+        return _capture_selected(model, args, kwargs, save, keep, inv or inventory(model),
+                                 edits)
 
 
-def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[str, Any]:
+def _capture_selected(model, args, kwargs, save, keep, inv: Inventory, plan=None
+                      ) -> dict[str, Any]:
     modules = inv.modules
     _, save_labels, save_modules = parse_save(list(save), model, inv)
     ends = {label for label in save_labels if _END_LABEL.fullmatch(label)}  # input_1, output_2
@@ -209,13 +247,16 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[s
     state.light = {}
     if keep is not None:
         state.keep = keep
+    if plan is not None:
+        _plug(state, plan)
     if ends:  # numbered as the full trace numbers them, the inputs before the forward runs
         _keep_ends(state, "input", [t for _, t in _input_leaves(args, kwargs)], ends)
-    handles = install_boundaries(modules, state, [], save_modules)
+    handles = install_boundaries(modules, state, [], save_modules, plan)
     _active.depth = getattr(_active, "depth", 0) + 1
     try:
         # module addresses alone need no per-op mode: their frames see the outputs
-        counting = LightRecorder(state) if save_labels else contextlib.nullcontext()
+        counting = LightRecorder(state) if save_labels or state.seam is not None else \
+            contextlib.nullcontext()
         with quiet_hooks(model, inv.hooked, state), eager(), counting:
             out = model(*args, **kwargs)
         if ends:
@@ -224,6 +265,8 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory) -> dict[s
         _active.depth -= 1
         for h in handles:
             h.remove()
+    if plan is not None:
+        plan.refuse_unfired(None)
     return state.light
 
 

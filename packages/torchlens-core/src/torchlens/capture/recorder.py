@@ -84,6 +84,10 @@ class CaptureState:
         self.data_aliases: dict[int, list[tuple]] = {}
         self.param_ids, self.buffer_ids = param_ids, buffer_ids
         self.save_all, self.save_labels = save_all, save_labels
+        self.labelled = bool(save_labels)  # labels are made during the forward, not after it
+        # the seam where a value may be replaced after its op ran (an edit plan naming op
+        # sites: ``edits.EditPlan.op``); None in an unedited capture
+        self.seam: Any = None
         # [address, pass, per-call name counters (made on first use), first record, start ns,
         #  module, enclosing frame (None for the root)]; see boundaries.install
         self.frames: list[list] = [["", 1, None, 0, 0, None, None]]
@@ -191,6 +195,22 @@ class CaptureState:
         if entry is None or entry[1]() is not t:
             return None
         return entry[0] if t._version == entry[2] or not self.writes else self.producer(t)
+
+    def substitute(self, index: int, position: int, t: Tensor) -> None:
+        """``t`` (an edited value) stands for op ``index``'s output from now on: readers link to
+        the op, and a saved value is the edited one."""
+        self.tensors[id(t)] = (index, _ref(t), t._version, position)
+        if index not in self.values:
+            return
+        if self.held is not None:
+            self.held.forget(index)
+        saved = self.values[index]
+        if isinstance(saved, tuple):
+            saved = list(saved)
+            saved[position] = snapshot(t)
+            self.values[index] = tuple(saved)
+        else:
+            self.values[index] = snapshot(t)
 
     def adopt_parameter(self, p: Tensor) -> str | None:
         """Register a parameter the forward created (e.g. a lazy module built inside forward)."""
@@ -413,8 +433,19 @@ class Recorder(TorchFunctionMode):
         index = len(s.records)
         frame = s.frames[-1]
         label = None
-        if s.save_labels:  # labels are needed now, to decide what to keep
+        if s.labelled:  # labels are needed now, to decide what to keep or to edit
             label, base, _ = s.label_for(name, frame)
+            if s.seam is not None and base in s.seam.ops:
+                edited = s.seam.op(out, label, base, frame[1], frame, name, args, index, inplace)
+                if edited is not out:
+                    out = edited
+                    if type(out) is Tensor or isinstance(out, Tensor):
+                        main = out
+                    else:
+                        out_tensors = tensor_outputs(func, first, out)
+                        main = out_tensors[0]
+                        if len(out_tensors) == 1:
+                            out_tensors = None
         if out_tensors is None:
             out_shapes = nbytes = None
         else:
@@ -483,7 +514,7 @@ class Recorder(TorchFunctionMode):
             inplace = entry is not None and entry[2] != real[0][0]._version
         index = len(s.records)
         label = base = None
-        if s.save_labels:
+        if s.labelled:
             label, base, _ = s.label_for(name, s.frames[-1])
         flops = None
         if name in FORMULAS:  # counted now: one example's (the wrappers' shapes) times the batch
@@ -558,7 +589,7 @@ class LightRecorder(Recorder):
 
     def __init__(self, state: CaptureState):
         super().__init__(state)
-        self.names = label_names(state.save_labels)
+        self.names = label_names(state.save_labels | set(state.seam.ops if state.seam else ()))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         s = self.state
@@ -586,6 +617,11 @@ class LightRecorder(Recorder):
             n = s.name_counts[name] = s.name_counts.get(name, 0) + 1
             base = s.sites[site] = f"{name}_{n}"
         label = base if frame[1] == 1 else f"{base}:{frame[1]}"
+        if s.seam is not None and base in s.seam.ops:
+            first = args[0] if args else None
+            out = s.seam.op(out, label, base, frame[1], frame, name, args, None,
+                            out is first and name.endswith("_"))
+            tensors = [out] if type(out) is Tensor else tensor_outputs(func, first, out)
         if label in s.save_labels or base in s.save_labels:
             value = out if len(tensors) > 1 else tensors[0]
             if is_wrapped(tensors[0]):  # inside torch.vmap: the real tensors, vmapped dims first

@@ -1,0 +1,40 @@
+"""``trace.edits``: the proof of firing, one row per site and pass where an edit applied."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EditLog(list):
+    """Rows (dicts): site, label, pass, module, kind, shape, index, norm of the change, and
+    ``fired`` (False only for a site ``allow_unfired=True`` let pass)."""
+
+    def __init__(self, rows: list[dict[str, Any]], specs: list[dict[str, Any]] | None = None):
+        super().__init__(rows)
+        self.specs = specs or []
+
+    @property
+    def unfired(self) -> list[str]:
+        return [row["site"] for row in self if not row["fired"]]
+
+    def __str__(self) -> str:
+        if not self:
+            return "no edits"
+        head = ("site", "label", "pass", "module", "kind", "shape", "index", "change norm")
+        lines = [head]
+        for row in self:
+            if not row["fired"]:
+                lines.append((row["site"], "-", "-", "-", row["kind"], "-", row["index"] or "",
+                              "NOT FIRED"))
+                continue
+            norm = f"{row['norm']:.4g}" + (" (exactly zero)" if row["zero_change"] else "")
+            lines.append((row["site"], row["label"] or "", str(row["pass"]),
+                          row["module"] or "<model>", row["kind"], "x".join(map(str, row["shape"])),
+                          row["index"] or "", norm))
+        widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+        return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip()
+                         for line in lines)
+
+    def __repr__(self) -> str:
+        fired = sum(row["fired"] for row in self)
+        return f"<EditLog: {fired} firing(s) of {len(self.specs)} edit(s)>\n{self}"

@@ -1,0 +1,280 @@
+"""An edit plan: ``edits={site: edit}`` resolved against one model before any forward, applied
+through the capture's seam, and the proof of what fired.
+
+The recorder calls ``op`` for ops whose base label the plan names (labels are made during the
+forward only when a plan names op sites); the module boundaries call ``module`` for calls of
+the modules it names. Both run with torch functions off, so an edit adds no op to the trace,
+and both re-register the edited tensor as the op's output, so the graph and the saved values
+follow the edit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch._C import DisableTorchFunction
+
+from ..errors import InputError, InputTypeError, TorchLensError
+from ..sites import Site, SiteUnknown, nearest_labels, parse_site
+from .values import Edit, Where, as_edit, fit
+
+
+class EditError(TorchLensError, ValueError):
+    """An edit that cannot apply where it fired, or that never fired."""
+
+
+def edit_error(code: str, where: Where | None, message: str,
+               teach: list[str] | None = None) -> EditError:
+    site = where.site if where is not None else "site"
+    return EditError(message, code=code, teach=teach or [
+        f"trace = tl.trace(model, x, save=[{site!r}]); trace[{site!r}].out.shape  "
+        "# the value's shape there"])
+
+
+class EditPlan:
+    """Resolved edits of one call: op sites by base label, module sites by address."""
+
+    def __init__(self, edits: Mapping, inv: Any, model: Any, *, allow_unfired: bool = False,
+                 surface: str = "trace"):
+        if not isinstance(edits, Mapping):
+            raise InputTypeError(f"edits= takes a mapping {{site: edit}}, not "
+                                 f"{type(edits).__name__}", code="edit_invalid",
+                                 teach=[f"tl.{surface}(model, x, edits={{'relu_3': "
+                                        "tl.edits.zero()}})"])
+        self.surface, self.allow_unfired = surface, allow_unfired
+        self.model_class = type(model).__name__
+        self.param_shapes = {name: list(p.shape) for name, p in inv.params}
+        addresses = [address for address, _ in inv.modules]
+        self.entries: list[tuple[Site, Edit]] = []
+        for text, value in edits.items():
+            if not isinstance(text, str):
+                raise InputTypeError(f"an edit's site is a string, not {text!r}",
+                                     code="edit_invalid",
+                                     teach=[f"tl.{surface}(model, x, edits={{'relu_3': "
+                                            "tl.edits.zero()}})"])
+            edit = as_edit(value)
+            try:
+                sites = parse_site(text, addresses)
+            except SiteUnknown as exc:
+                raise InputError(
+                    f"edits= names {text!r}, which is no module address, module glob or op "
+                    f"label of {self.model_class}", code="edit_site_unknown",
+                    teach=[f"tl.{surface}(model, x, edits={{{c!r}: ...}})" for c in exc.close]
+                    + ["list(tl.trace(model, x, save=None).modules)  # every module address"]
+                ) from None
+            for site in sites:
+                edit.check(site.text if site.kind == "op" else site.name, self)
+                self.entries.append((site, edit))
+        self.ops: dict[str, list[tuple[Site, Edit]]] = {}
+        self.modules: dict[str, list[tuple[Site, Edit]]] = {}
+        for site, edit in self.entries:
+            table = self.ops if site.kind == "op" else self.modules
+            table.setdefault(site.name, []).append((site, edit))
+        self.fired: list[dict[str, Any]] = []
+        self.norms: list[Tensor] = []
+        self.step: int | None = None  # set by a multi-step capture
+
+    # ---- checks before the forward --------------------------------------------------------
+    def check_source(self, source: Any, site: str) -> None:
+        """A patch or mean source: a trace of this model that holds a value at ``site``."""
+        shapes = {name: p["shape"] for name, p in source.params.items()}
+        if source.meta.get("model_class") != self.model_class or shapes != self.param_shapes:
+            raise InputError(
+                f"the source trace is of {source.meta.get('model_class')} with other "
+                f"parameters than this {self.model_class}: its values cannot stand in here",
+                code="edit_source_model_mismatch",
+                teach=["clean = tl.trace(model, clean_x, save=[...])  # the same model"])
+        try:
+            target = source[site]
+        except TorchLensError:
+            target = None
+        saved = False
+        if target is not None:
+            if hasattr(target, "saved"):
+                saved = target.saved
+            else:
+                calls = getattr(target, "calls", None) or [target]
+                saved = all(_call_saved(source, c) for c in calls)
+        if not saved:
+            raise InputError(
+                f"the source trace holds no value at {site!r}", code="edit_source_missing",
+                teach=[f"clean = tl.trace(model, clean_x, save=[{site!r}])",
+                       "clean = tl.trace(model, clean_x, save='all')"])
+
+    # ---- the seam ---------------------------------------------------------------------------
+    def op(self, out: Any, label: str, base: str, pass_num: int, frame: list, func: str,
+           args: tuple, index: int, inplace: bool) -> Any:
+        """The recorder's seam: ``out`` with every edit of this op's site applied."""
+        for site, edit in self.ops.get(base, ()):
+            if site.pass_num is None or site.pass_num == pass_num:
+                inputs = [a for a in args if isinstance(a, Tensor)]
+                where = Where(site.text, label, base, pass_num, frame[0], func, None, inputs,
+                              label)
+                out = self._apply(edit, out, where, index, inplace)
+        return out
+
+    def module(self, state: Any, address: str, pass_num: int, args: tuple, output: Any) -> Any:
+        """The module boundary's seam: the call's output with its edits applied, the edited
+        tensor re-registered as its producing op's output."""
+        for site, edit in self.modules[address]:
+            if site.pass_num is not None and site.pass_num != pass_num:
+                continue
+            with DisableTorchFunction():
+                from ..capture.boundaries import leaves
+
+                inputs = leaves(args, [])
+                key = address if pass_num == 1 else f"{address}:{pass_num}"
+                where = Where(site.text, None, None, pass_num, address, None, None, inputs, key)
+                before = _pick(output, edit.item, where)
+                entry = state.tensors.get(id(before)) if state.tensors else None
+                producer = entry[0] if entry is not None and entry[1]() is before else None
+                output = self._apply(edit, output, where, producer, inplace=False)
+                after = _pick(output, edit.item, where)
+                if producer is not None and after is not before:
+                    state.substitute(producer, entry[3], after)
+        return output
+
+    def _apply(self, edit: Edit, out: Any, where: Where, index: int | None,
+               inplace: bool) -> Any:
+        value = _pick(out, edit.item, where)
+        where.shape = list(value.shape)
+        part = value if edit.index is None else value[edit.index]
+        new = edit.new(part, where)
+        if tuple(new.shape) != tuple(part.shape) or new.dtype != part.dtype:
+            new = fit(new, part, where).expand(part.shape)
+        change = (new.detach().double() - part.detach().double()).norm()
+        if inplace:  # the op wrote its input: the edit writes it too, where readers look
+            part.copy_(new)
+            result = out
+        elif edit.index is None:
+            result = _put(out, edit.item, new, where)
+        else:
+            whole = value.clone()
+            whole[edit.index] = new
+            result = _put(out, edit.item, whole, where)
+        self.norms.append(change)
+        self.fired.append({
+            "site": where.site, "label": where.label, "pass": where.pass_num,
+            "module": where.module, "op_index": index, "kind": edit.kind,
+            "shape": where.shape, "index": edit.describe()["index"], "item": edit.item
+            if isinstance(edit.item, (int, str)) or edit.item is None else repr(edit.item),
+            "step": self.step,
+        })
+        return result
+
+    # ---- after the forward ------------------------------------------------------------------
+    def specs(self) -> list[dict[str, Any]]:
+        """What the provenance keeps: each site with its edit's description."""
+        return [{"site": text, **edit.describe()} for text, edit in _by_text(self.entries)]
+
+    def rows(self, labels: list[str] | None = None) -> list[dict[str, Any]]:
+        """The firing rows (norms read now: one sync per fired edit), unfired sites last."""
+        rows = []
+        for row, norm in zip(self.fired, self.norms):
+            row = dict(row, norm=float(norm))
+            row["zero_change"] = row["norm"] == 0.0
+            rows.append(row)
+        fired = {row["site"] for row in rows}
+        for text, edit in _by_text(self.entries):
+            if text not in fired:
+                rows.append({"site": text, "label": None, "pass": None, "module": None,
+                             "op_index": None, "kind": edit.kind, "shape": None,
+                             "index": edit.describe()["index"], "item": None, "step": self.step,
+                             "norm": None, "zero_change": None, "fired": False})
+        for row in rows:
+            row.setdefault("fired", True)
+        return rows
+
+    def unfired(self) -> list[str]:
+        fired = {row["site"] for row in self.fired}
+        return [text for text, _ in _by_text(self.entries) if text not in fired]
+
+    def refuse_unfired(self, partial: Any) -> None:
+        """``edit_site_not_fired`` unless ``allow_unfired``; the trace rides on the error."""
+        missing = self.unfired()
+        if not missing or self.allow_unfired:
+            return
+        labels = [op.label for op in partial.ops] if partial is not None else []
+        close = [m for text in missing for m in nearest_labels(text, labels)]
+        err = EditError(
+            f"edits at {missing} never fired: the forward produced no such op or module call",
+            code="edit_site_not_fired",
+            teach=[f"edits={{{c!r}: ...}}" for c in close]
+            + [f"tl.{self.surface}(model, x, edits=..., allow_unfired=True)  # keep going, "
+               "and list it in trace.edits"])
+        err.partial_trace = partial
+        raise err
+
+
+def _by_text(entries: list[tuple[Site, Edit]]) -> list[tuple[str, Edit]]:
+    """One (site text, edit) per key of ``edits=`` (a glob's modules are one site)."""
+    seen: dict[str, Edit] = {}
+    for site, edit in entries:
+        seen.setdefault(site.text, edit)
+    return list(seen.items())
+
+
+def _call_saved(source: Any, call: Any) -> bool:
+    try:
+        call.out
+    except TorchLensError:
+        return False
+    return True
+
+
+def _pick(out: Any, item: Any, where: Where) -> Tensor:
+    """The tensor of an output an edit touches: ``item`` (an index or key), else the first."""
+    if isinstance(out, Tensor):
+        if item not in (None, 0):
+            raise edit_error("edit_invalid", where, f"item={item!r} at {where.site!r}: the "
+                             "value is one tensor")
+        return out
+    if item is None:
+        from ..capture.boundaries import leaves
+
+        found = leaves(out, [])
+        if not found:
+            raise edit_error("edit_invalid", where, f"the output at {where.site!r} holds no "
+                             "tensor to edit")
+        return found[0]
+    try:
+        value = out[item]
+    except (KeyError, IndexError, TypeError):
+        raise edit_error("edit_invalid", where,
+                         f"item={item!r} names nothing in the output at {where.site!r} "
+                         f"({type(out).__name__})") from None
+    if not isinstance(value, Tensor):
+        raise edit_error("edit_invalid", where, f"item={item!r} at {where.site!r} is "
+                         f"{type(value).__name__}, not a tensor")
+    return value
+
+
+def _put(out: Any, item: Any, new: Tensor, where: Where) -> Any:
+    """``out`` with the tensor ``_pick`` chose replaced by ``new``."""
+    if isinstance(out, Tensor):
+        return new
+    old = _pick(out, item, where)
+    return _swap(out, old, new, 0)
+
+
+def _swap(value: Any, old: Tensor, new: Tensor, depth: int) -> Any:
+    if value is old:
+        return new
+    if depth > 6:
+        return value
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_swap(v, old, new, depth + 1) for v in value)
+    if isinstance(value, list):
+        return [_swap(v, old, new, depth + 1) for v in value]
+    if isinstance(value, Mapping):  # a model-output object keeps its class and attributes
+        for key in list(value.keys()):
+            swapped = _swap(value[key], old, new, depth + 1)
+            if swapped is not value[key]:
+                value[key] = swapped
+        return value
+    if hasattr(value, "_fields"):
+        return type(value)(*(_swap(v, old, new, depth + 1) for v in value))
+    return value

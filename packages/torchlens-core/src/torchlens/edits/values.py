@@ -1,0 +1,394 @@
+"""Edits are values: what to do to a site's output, with an optional ``index`` and ``item``.
+
+Each edit makes the new value of the part it touches (``new(part, where)``); the plan puts it
+back into the whole value, so nothing outside ``index`` changes. ``describe()`` is what the
+trace's provenance keeps: the kind, the index, shapes and a hash of any tensor argument.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, InputTypeError
+
+
+class Where:
+    """What an edit is told about the place it fires: the op label, its pass, its module, the
+    value's shape, and the input of a module call (for ``skip``). Passed to callables as ``op``."""
+
+    __slots__ = ("site", "label", "base_label", "pass_num", "module", "func", "shape", "inputs",
+                 "key")
+
+    def __init__(self, site, label, base_label, pass_num, module, func, shape, inputs, key):
+        self.site, self.label, self.base_label, self.pass_num = site, label, base_label, pass_num
+        self.module, self.func, self.shape, self.inputs = module, func, shape, inputs
+        self.key = key  # what another trace is looked up by for the same place
+
+    def __repr__(self) -> str:
+        return f"<site {self.site!r} at {self.label} (pass {self.pass_num}) in {self.module!r}>"
+
+
+def tensor_hash(t: Tensor) -> str:
+    """A short sha256 of a tensor's bytes, for provenance (read in place, no numpy needed)."""
+    import ctypes
+
+    data = t.detach().cpu()
+    if data.is_complex():
+        data = torch.view_as_real(data)
+    data = data.contiguous().reshape(-1).view(torch.uint8)
+    raw = ctypes.string_at(data.data_ptr(), data.numel()) if data.numel() else b""
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _index_text(index: Any) -> str | None:
+    if index is None:
+        return None
+    items = index if isinstance(index, tuple) else (index,)
+    parts = []
+    for i in items:
+        if isinstance(i, slice):
+            parts.append(":".join("" if v is None else str(v) for v in (i.start, i.stop))
+                         + ("" if i.step is None else f":{i.step}"))
+        elif i is Ellipsis:
+            parts.append("...")
+        elif isinstance(i, Tensor):
+            parts.append(f"tensor{list(i.shape)}")
+        else:
+            parts.append(repr(i))
+    return "[" + ", ".join(parts) + "]"
+
+
+class Edit:
+    """Base of every edit. ``index`` selects the part of the value it touches (positions, a
+    head after the reshape that splits heads, a channel); ``item`` which tensor of a module's
+    tuple or model-output object (default: the first)."""
+
+    kind = "edit"
+
+    def __init__(self, *, index: Any = None, item: Any = None):
+        if index is not None and not isinstance(index, (int, slice, tuple, list, Tensor)) \
+                and index is not Ellipsis:
+            raise InputTypeError(
+                f"index= takes what tensor indexing takes (an int, a slice, a tuple of them), "
+                f"not {index!r}", code="edit_invalid",
+                teach=["tl.edits.zero(index=(slice(None), 4))  # every batch row, position 4"])
+        self.index = tuple(index) if isinstance(index, list) else index
+        self.item = item
+
+    def new(self, part: Tensor, where: Where) -> Tensor:
+        """The edited value of ``part`` (the value, or its ``index``ed part)."""
+        raise NotImplementedError
+
+    def check(self, site: str, plan: Any) -> None:
+        """Refusals that need no forward (a patch source missing the site, say)."""
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "index": _index_text(self.index)}
+        if self.item is not None:
+            out["item"] = self.item if isinstance(self.item, (int, str)) else repr(self.item)
+        out.update(self._facts())
+        return out
+
+    def _facts(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        facts = {k: v for k, v in self.describe().items() if v is not None and k != "kind"}
+        return f"tl.edits.{self.kind}({', '.join(f'{k}={v!r}' for k, v in facts.items())})"
+
+
+class _Zero(Edit):
+    kind = "zero"
+
+    def new(self, part, where):
+        return torch.zeros_like(part)
+
+
+class _Scale(Edit):
+    kind = "scale"
+
+    def __init__(self, k: float, **kw):
+        super().__init__(**kw)
+        if isinstance(k, Tensor) or not isinstance(k, (int, float)) or isinstance(k, bool):
+            raise InputTypeError(f"tl.edits.scale takes a number, not {k!r}", code="edit_invalid",
+                                 teach=["tl.edits.scale(0.5)"])
+        self.k = float(k)
+
+    def new(self, part, where):
+        return part * self.k
+
+    def _facts(self):
+        return {"k": self.k}
+
+
+class _TensorEdit(Edit):
+    """An edit holding one tensor argument, checked to be a tensor up front."""
+
+    def __init__(self, tensor: Tensor, name: str, **kw):
+        super().__init__(**kw)
+        if not isinstance(tensor, Tensor):
+            raise InputTypeError(f"tl.edits.{self.kind} takes a tensor, not "
+                                 f"{type(tensor).__name__}", code="edit_invalid",
+                                 teach=[f"tl.edits.{self.kind}(torch.tensor(...))"])
+        if tensor.is_meta:
+            raise InputError(f"tl.edits.{self.kind} got a meta tensor, which holds no values",
+                             code="edit_invalid", teach=[f"tl.edits.{self.kind}(real_tensor)"])
+        self.tensor = tensor.detach()
+        self._name = name
+
+    def _facts(self):
+        return {"shape": list(self.tensor.shape), "dtype": str(self.tensor.dtype).removeprefix(
+            "torch."), "sha256": tensor_hash(self.tensor)}
+
+
+class _Add(_TensorEdit):
+    kind = "add"
+
+    def __init__(self, vector: Tensor, alpha: float = 1.0, **kw):
+        super().__init__(vector, "vector", **kw)
+        self.alpha = float(alpha)
+
+    def new(self, part, where):
+        return part + self.alpha * fit(self.tensor, part, where)
+
+    def _facts(self):
+        return {**super()._facts(), "alpha": self.alpha}
+
+
+class _Replace(_TensorEdit):
+    kind = "replace"
+
+    def __init__(self, tensor: Tensor, **kw):
+        super().__init__(tensor, "tensor", **kw)
+
+    def new(self, part, where):
+        return fit(self.tensor, part, where).expand(part.shape).clone()
+
+
+class _Patch(Edit):
+    """The value another trace holds at the same site (same label and pass, same module call)."""
+
+    kind = "patch"
+
+    def __init__(self, source: Any, **kw):
+        super().__init__(**kw)
+        from ..trace import Trace
+
+        if not isinstance(source, Trace):
+            raise InputTypeError(f"tl.edits.patch takes a Trace, not {type(source).__name__}",
+                                 code="edit_invalid",
+                                 teach=["clean = tl.trace(model, clean_x, save=['site'])",
+                                        "tl.trace(model, x, edits={'site': tl.edits.patch(clean)})"])
+        self.source = source
+
+    def check(self, site, plan):
+        plan.check_source(self.source, site)
+
+    def new(self, part, where):
+        value = source_value(self.source, where)
+        if self.index is not None:
+            value = value[self.index]
+        return fit(value, part, where).expand(part.shape).clone()
+
+    def patches_whole(self) -> bool:
+        return True
+
+    def _facts(self):
+        return {"source_model": self.source.meta.get("model_class"),
+                "source_origin": self.source.provenance.get("origin")}
+
+
+class _Mean(Edit):
+    """Mean ablation: the mean of ``source`` over its rows (dimension 0): a tensor, a saved
+    Trace (the mean over its batch at the same site), or a recording store and its label."""
+
+    kind = "mean"
+
+    def __init__(self, source: Any, label: str | None = None, **kw):
+        super().__init__(**kw)
+        from ..recording.reader import StoredRecording
+        from ..trace import Trace
+
+        self.source, self.label = source, label
+        if isinstance(source, Tensor):
+            self.value = source.detach().mean(0)
+        elif isinstance(source, StoredRecording):
+            if label is None:
+                raise InputError("tl.edits.mean of a recording store needs the store's label",
+                                 code="edit_invalid",
+                                 teach=["tl.edits.mean(rec, label='transformer.h.6')"])
+            self.value = _store_mean(source, label)
+        elif isinstance(source, Trace):
+            self.value = None  # taken at each site from the trace
+        else:
+            raise InputTypeError(
+                f"tl.edits.mean takes a tensor, a Trace or a recording store, not "
+                f"{type(source).__name__}", code="edit_invalid",
+                teach=["tl.edits.mean(acts)  # a tensor of rows: the mean over dimension 0"])
+
+    def check(self, site, plan):
+        if self.value is None:
+            plan.check_source(self.source, site)
+
+    def new(self, part, where):
+        value = self.value
+        if value is None:
+            value = source_value(self.source, where).mean(0)
+        return fit(value, part, where).expand(part.shape).clone()
+
+    def _facts(self):
+        if self.value is None:
+            return {"source": "trace", "source_model": self.source.meta.get("model_class")}
+        return {"source": "store" if self.label else "tensor", "label": self.label,
+                "shape": list(self.value.shape), "sha256": tensor_hash(self.value)}
+
+
+def _store_mean(rec: Any, label: str) -> Tensor:
+    total, count = None, 0
+    for batch in rec.batches(label, batch_size=4096):
+        batch = batch.double()
+        total = batch.sum(0) if total is None else total + batch.sum(0)
+        count += batch.shape[0]
+    if not count:
+        raise InputError(f"the store holds no rows of {label!r} to average", code="edit_invalid",
+                         teach=["tl.recording.open('acts/')  # check the store's labels"])
+    return (total / count).float()
+
+
+class _Skip(Edit):
+    """A module's output becomes its input (an op's: its first tensor input)."""
+
+    kind = "skip"
+
+    def new(self, part, where):
+        inputs = where.inputs
+        if not inputs:
+            from .plan import edit_error
+
+            raise edit_error("edit_shape_mismatch", where,
+                             f"tl.edits.skip at {where.site!r}: the call had no tensor input")
+        value = inputs[0]
+        if self.index is not None:
+            value = value[self.index]
+        if tuple(value.shape) != tuple(part.shape):
+            from .plan import edit_error
+
+            raise edit_error("edit_shape_mismatch", where,
+                             f"tl.edits.skip at {where.site!r}: its input has shape "
+                             f"{list(value.shape)}, its output {list(part.shape)}")
+        return value
+
+
+class _Call(Edit):
+    kind = "callable"
+
+    def __init__(self, fn: Callable[[Tensor, Where], Tensor], **kw):
+        super().__init__(**kw)
+        self.fn = fn
+
+    def new(self, part, where):
+        out = self.fn(part, where)
+        if not isinstance(out, Tensor):
+            from .plan import edit_error
+
+            raise edit_error("edit_invalid", where,
+                             f"the edit function {_fn_name(self.fn)} returned "
+                             f"{type(out).__name__} at {where.label}, not a tensor")
+        return out
+
+    def _facts(self):
+        return {"function": _fn_name(self.fn)}
+
+
+def _fn_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def fit(value: Tensor, part: Tensor, where: Where) -> Tensor:
+    """``value`` on ``part``'s device and dtype, checked to broadcast to ``part``'s shape."""
+    from .plan import edit_error
+
+    try:
+        shape = torch.broadcast_shapes(value.shape, part.shape)
+    except RuntimeError:
+        shape = None
+    if shape != part.shape:
+        raise edit_error("edit_shape_mismatch", where,
+                         f"the edit at {where.site!r} ({where.label}) gives shape "
+                         f"{list(value.shape)}, which does not fit the value's "
+                         f"{list(part.shape)}")
+    if value.is_complex() and not part.is_complex():
+        raise edit_error("edit_dtype_mismatch", where,
+                         f"the edit at {where.site!r} gives {value.dtype}, which cannot be cast "
+                         f"to the value's {part.dtype} without losing its imaginary part")
+    return value.to(device=part.device, dtype=part.dtype)
+
+
+def source_value(source: Any, where: Where) -> Tensor:
+    """The value another trace holds at ``where`` (the plan checked it is there when it could)."""
+    from ..errors import TorchLensError
+    from .plan import edit_error
+
+    try:
+        value = source[where.key].out
+    except TorchLensError:
+        raise edit_error("edit_source_missing", where,
+                         f"the source trace has no saved value at {where.key!r}",
+                         teach=[f"tl.trace(model, clean_x, save=[{where.site!r}])"]) from None
+    if isinstance(value, tuple):
+        value = value[0]
+    return value
+
+
+def zero(*, index: Any = None, item: Any = None) -> Edit:
+    """Zero ablation: the value (or its ``index``ed part) becomes zeros."""
+    return _Zero(index=index, item=item)
+
+
+def scale(k: float, *, index: Any = None, item: Any = None) -> Edit:
+    """Multiply the value (or its ``index``ed part) by ``k``."""
+    return _Scale(k, index=index, item=item)
+
+
+def add(vector: Tensor, alpha: float = 1.0, *, index: Any = None, item: Any = None) -> Edit:
+    """Steering: add ``alpha * vector``, broadcast over the value's last dimension."""
+    return _Add(vector, alpha, index=index, item=item)
+
+
+def replace(tensor: Tensor, *, index: Any = None, item: Any = None) -> Edit:
+    """The value (or its ``index``ed part) becomes ``tensor`` (broadcast to its shape)."""
+    return _Replace(tensor, index=index, item=item)
+
+
+def patch(other_trace: Any, *, index: Any = None, item: Any = None) -> Edit:
+    """Activation patching: the value ``other_trace`` holds at the same site."""
+    return _Patch(other_trace, index=index, item=item)
+
+
+def mean(source: Any, label: str | None = None, *, index: Any = None, item: Any = None) -> Edit:
+    """Mean ablation: the mean over rows of a tensor, a saved trace's batch at the same site,
+    or a recording store's ``label``."""
+    return _Mean(source, label, index=index, item=item)
+
+
+def skip(*, index: Any = None, item: Any = None) -> Edit:
+    """A module's output becomes its input (refuses ``edit_shape_mismatch`` when they differ)."""
+    return _Skip(index=index, item=item)
+
+
+def as_edit(value: Any) -> Edit:
+    """An ``Edit`` from what ``edits={site: ...}`` holds: an edit, or a callable."""
+    if isinstance(value, Edit):
+        return value
+    if callable(value):
+        return _Call(value)
+    raise InputTypeError(
+        f"edits= maps sites to tl.edits values or callables fn(value, op) -> value, not "
+        f"{type(value).__name__}", code="edit_invalid",
+        teach=["tl.trace(model, x, edits={'relu_3': tl.edits.zero()})",
+               "tl.trace(model, x, edits={'layer1.0': lambda v, op: v * 0.5})"])

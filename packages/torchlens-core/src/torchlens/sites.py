@@ -1,0 +1,71 @@
+"""The one site vocabulary: what ``save=``, edits and the viewer's search take.
+
+A site is an op label (``relu_3``; ``linear_2:3`` one pass, the bare label every pass), a module
+address (``transformer.h.3.mlp``: the module's output; ``layer1.0:2`` one call), or a glob over
+module addresses (``transformer.h.*.mlp``). ``parse_site`` turns one string into a ``Site``
+against the model's module addresses, before any forward runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# what an op label looks like: a function name, its number, an optional pass
+LABEL = re.compile(r"(?P<base>[A-Za-z_][A-Za-z0-9_]*?_\d+)(?::(?P<pass>\d+))?")
+_GLOB = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class Site:
+    """A resolved site: ``kind`` "op" (``name`` a base label) or "module" (``name`` an
+    address); ``pass_num`` None means every pass / call."""
+
+    text: str
+    kind: str
+    name: str
+    pass_num: int | None = None
+
+    def matches(self, name: str, pass_num: int) -> bool:
+        return name == self.name and (self.pass_num is None or self.pass_num == pass_num)
+
+
+class SiteUnknown(Exception):
+    """A site string names nothing in this model; ``close`` holds the nearest names."""
+
+    def __init__(self, text: str, close: list[str]):
+        super().__init__(text)
+        self.text, self.close = text, close
+
+
+def parse_site(text: str, addresses: Iterable[str]) -> list[Site]:
+    """The sites one string names: one, or one per module a glob matches. Raises
+    ``SiteUnknown`` for a string that cannot name anything in a model with ``addresses``."""
+    known = [a for a in addresses if a]
+    known_set = set(known)
+    if _GLOB.search(text):
+        matched = [a for a in known if fnmatch.fnmatchcase(a, text)]
+        if not matched:
+            raise SiteUnknown(text, _close(text.replace("*", "0"), known))
+        return [Site(text, "module", a) for a in matched]
+    if text in known_set:
+        return [Site(text, "module", text)]
+    address, _, pass_text = text.rpartition(":")
+    if address in known_set and pass_text.isdigit() and int(pass_text) >= 1:
+        return [Site(text, "module", address, int(pass_text))]
+    label = LABEL.fullmatch(text)
+    if label is not None and (label["pass"] is None or int(label["pass"]) >= 1):
+        return [Site(text, "op", label["base"], int(label["pass"]) if label["pass"] else None)]
+    raise SiteUnknown(text, _close(text, known))
+
+
+def _close(text: str, known: list[str]) -> list[str]:
+    return difflib.get_close_matches(text, known, n=3, cutoff=0.5)
+
+
+def nearest_labels(label: str, labels: Iterable[str]) -> list[str]:
+    """The op labels of a forward nearest to one it did not produce."""
+    return difflib.get_close_matches(label, list(labels), n=3, cutoff=0.4)
