@@ -597,8 +597,10 @@ def test_a_saved_module_keeps_every_output_of_a_multi_output_op(tmp_path):
     everything = tl.trace(model, x)
     picked = tl.trace(model, x, save=["lstm", "head"])
     out, h, c = picked["lstm"].calls[0].out  # the call's output tensors, flat
-    with torch.no_grad():
-        expected, (h_ref, c_ref) = model.lstm(x)
+    # in grad mode, as tl.trace ran it (on some CPUs the LSTM kernels of the two modes differ
+    # in the last bit)
+    expected, (h_ref, c_ref) = (t.detach() if isinstance(t, torch.Tensor) else tuple(
+        u.detach() for u in t) for t in model.lstm(x))
     assert torch.equal(out, expected) and torch.equal(h, h_ref) and torch.equal(c, c_ref)
     assert all(torch.equal(a, b) for a, b in zip(picked["lstm_1"].out, everything["lstm_1"].out))
     first, rest = picked["split_1"].out

@@ -59,7 +59,8 @@ def _title(trace: Any) -> str:
     n_ops = sum(op.kind == "op" for op in trace.ops)
     origin = trace.provenance.get("origin", "gold")
     return (f"Trace of {trace.meta.get('model_class', 'model')}: {n_ops} ops, "
-            f"{trace.num_params:,} params, FLOPs {human(trace.total_flops)}, input {origin}")
+            f"{trace.num_params:,} params, FLOPs {human(trace.total_flops)}, input {origin}"
+            f"{trace._edited_note()}")
 
 
 def text(trace: Any) -> str:
