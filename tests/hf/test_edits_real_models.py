@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import torchlens as tl
-from torchlens.capture.policy import state_hash
 from tests.models.hf import build_gpt2_tiny
 from tests.models.vision import build_resnet18
+from torchlens.capture.policy import state_hash
 
 
 def _hooked(model, module, fn, inputs, pre=False):

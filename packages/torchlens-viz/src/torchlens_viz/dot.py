@@ -80,6 +80,8 @@ def _node_attrs(view: GraphView, node: ViewNode) -> str:
         attrs.append(f'style="{_style("rounded,dashed", t.filled)}"')
     elif node.count > 1:
         attrs.append(f'fillcolor="{t.fold_fill}"')
+    if node.edited:  # an edit fired here: a heavy red border, whatever the theme
+        attrs += ['color="#d62728"', "penwidth=3"]
     return ", ".join(attrs)
 
 

@@ -183,7 +183,8 @@ class _Patch(Edit):
             raise InputTypeError(f"tl.edits.patch takes a Trace, not {type(source).__name__}",
                                  code="edit_invalid",
                                  teach=["clean = tl.trace(model, clean_x, save=['site'])",
-                                        "tl.trace(model, x, edits={'site': tl.edits.patch(clean)})"])
+                                        "tl.trace(model, x, edits={'site': "
+                                        "tl.edits.patch(clean)})"])
         self.source = source
 
     def check(self, site, plan):

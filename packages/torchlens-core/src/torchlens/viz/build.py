@@ -11,7 +11,7 @@ from ..errors import LookupFailed
 from .collapse import Remap, Structure, expanded_calls, fold_repeats, roll_passes
 from .groups import Synthetic, group_stacks, is_synthetic
 from .options import DrawOptions, check_options
-from .view import GraphView, ViewCluster, ViewEdge, ViewNode, detail_line, format_shape
+from .view import GraphView, ViewCluster, ViewEdge, ViewNode, detail_line, edit_line, format_shape
 
 
 def build_view(trace: Any, options: DrawOptions | None = None, **dials: Any) -> GraphView:
@@ -24,6 +24,10 @@ class _Builder:
     def __init__(self, trace: Any, opts: DrawOptions):
         self.trace, self.opts = trace, opts
         self.by_label = {op.label: op for op in trace.ops}
+        self.edited: dict[str, list[dict]] = {}  # op label -> the edits that fired there
+        for row in trace.edits if trace.edited else ():
+            if row["fired"]:
+                self.edited.setdefault(row["label"], []).append(row)
         self.nodes: dict[str, ViewNode] = {}
         self.clusters: dict[str, ViewCluster] = {}
         self.edges: dict[tuple[str, str], ViewEdge] = {}
@@ -53,7 +57,13 @@ class _Builder:
     def title(self) -> str:
         """The drawing's title: the model class, and the ``module=`` scope when there is one."""
         module = self.opts.module
-        return self.trace.meta.get("model_class", "model") + (f" · {module}" if module else "")
+        return self.trace.meta.get("model_class", "model") + (f" · {module}" if module else "") \
+            + (" · EDITED" if self.trace.edited else "")
+
+    def edits_in(self, labels: list[str]) -> list[dict]:
+        """The fired edits at any of ``labels``."""
+        return [row for label in labels for row in self.edited.get(label, ())] \
+            if self.edited else []
 
     def prepare(self, *, fold: bool, roll: bool, loops: bool, segment: int | None) -> None:
         """Scope the ops, group loops and segments, fold and roll: the call trees to draw.
@@ -181,8 +191,11 @@ class _Builder:
         shape = format_shape(op.shape)
         params = sum(self.trace.params.get(p, {}).get("numel", 0) for p in op.params or ())
         lines.append(detail_line(shape, params, op.dtype))
+        edits = self.edits_in([op.label])
+        if edits:
+            lines.append(edit_line(edits))
         return ViewNode(node_id, op.kind, title, [line for line in lines if line], shape, params,
-                        count)
+                        count, edited=bool(edits))
 
     def _call_node(self, node_id: str, key: str, cluster: str | None) -> ViewNode:
         call = self.structure.calls[key]
@@ -204,8 +217,11 @@ class _Builder:
             params = modules[call.address].num_params
         shape = format_shape(self._call_shape(members[-1]))
         lines.append(detail_line(shape, params))
+        edits = self.edits_in([op for m in members for op in self.full.calls[m].ops])
+        if edits:
+            lines.append(edit_line(edits))
         return ViewNode(node_id, "module", title, [line for line in lines if line], shape,
-                        params, count, ops=len(call.ops) * count)
+                        params, count, ops=len(call.ops) * count, edited=bool(edits))
 
     def _call_name(self, key: str, cluster: str | None = None) -> str:
         """``layer1.0`` (``conv1`` inside the ``layer1.0`` cluster); ``cell:2``: an unrolled pass.

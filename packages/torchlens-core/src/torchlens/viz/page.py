@@ -21,7 +21,7 @@ from .collapse import expanded_calls
 from .groups import is_synthetic
 from .options import DrawOptions
 from .themes import Theme
-from .view import detail_line, format_shape
+from .view import detail_line, edit_line, format_shape
 
 PAGE_SCHEMA = 1
 SEGMENT = 32  # at most this many items on one level of the page's tree
@@ -128,7 +128,8 @@ class _Page:
         elif op.kind == "input" and isinstance(op.slot, str) and not op.slot.isdigit():
             lines.append(op.slot)
         detail = detail_line(shape, params, op.dtype)
-        return [line for line in lines + [detail] if line]
+        edits = self.b.edits_in([op.label])
+        return [line for line in lines + [detail] + ([edit_line(edits)] if edits else []) if line]
 
     def _runs(self) -> dict[str, list[int]]:
         """op → [fold group, member index]: edges between copies of a fold are not drawn."""
@@ -178,13 +179,16 @@ class _Page:
         name = self._name(key)
         rep = key if key in b.remap.members else None
         member_of = self.member_of.get(key, -1)
+        edits = b.edits_in(call.ops)
+        edited = edit_line(edits) if edits else ""
         return {
             "key": key, "address": call.address, "type": call.type, "pass": call.pass_num,
             "kind": kind, "depth": call.depth,
             "parent": self.call_ids[call.parent] if call.parent is not None else -1,
             "items": [self._item(k, n) for k, n in call.children],
             "title": name,
-            "lines": [line for line in (call.type, detail_line(shape_text, params)) if line],
+            "lines": [line for line in (call.type, detail_line(shape_text, params), edited)
+                      if line],
             "cluster": f"{name}: {call.type}" if kind == "module" else f"{call.type} · {name}",
             "atomic": len(call.ops) == 1 and not call.children[0][0] == "call",
             "params": params, "flops": sum(flops) if flops else None, "time_ns": time_ns,

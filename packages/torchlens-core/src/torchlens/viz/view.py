@@ -35,6 +35,7 @@ class ViewNode:
     count: int = 1
     cluster: str | None = None
     ops: int = 1
+    edited: bool = False  # an edit (``edits=``) fired at this op or inside this call
 
 
 @dataclass
@@ -79,6 +80,13 @@ class GraphView:
     def titles(self) -> list[str]:
         """Every node title, in order (handy in tests and reprs)."""
         return [node.title for node in self.nodes]
+
+
+def edit_line(rows: list[dict[str, Any]]) -> str:
+    """What an edited box says: the edit's kind and the norm of the change it made."""
+    if len(rows) == 1:
+        return f"EDITED {rows[0]['kind']} · change {rows[0]['norm']:.3g}"
+    return f"EDITED ×{len(rows)} · largest change {max(r['norm'] for r in rows):.3g}"
 
 
 def format_shape(shape: Sequence[int | None] | None) -> str:
