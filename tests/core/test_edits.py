@@ -417,3 +417,22 @@ def test_save_takes_the_same_sites_globs_included():
     with pytest.raises(tl.TorchLensError) as err:
         tl.trace(model, x, save=["blocks.*.attn"])
     assert err.value.code == "save_selection_invalid"
+
+
+def test_record_takes_edits_and_its_store_lists_them(tmp_path):
+    model, x = _net()
+    batches = [x, x + 1]
+    plain = tl.record(model, batches, save=["blocks.2"])
+    edited = tl.record(model, batches, save=["blocks.2"],
+                       edits={"blocks.2.mlp": tl.edits.zero()})
+    traced = tl.trace(model, x + 1, save=["blocks.2"], edits={"blocks.2.mlp": tl.edits.zero()})
+    rows = edited["blocks.2"]  # one row per example: x's two, then x + 1's two
+    assert torch.allclose(rows[2:4], traced["blocks.2"].out)
+    assert not torch.allclose(rows[2:4], plain["blocks.2"][2:4])
+    store = tl.record(model, batches, save=["blocks.2"], to=tmp_path / "acts",
+                      edits={"blocks.2.mlp": tl.edits.zero()})
+    assert store.manifest["options"]["edits"][0]["kind"] == "zero"
+    assert torch.allclose(store["blocks.2"][0:4], rows[0:4])
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.record(model, batches, save=["blocks.2"], edits={"relu_1": tl.edits.zero()})
+    assert err.value.code == "edit_site_not_fired"

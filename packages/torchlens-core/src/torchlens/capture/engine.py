@@ -265,8 +265,10 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory, plan=None
         _active.depth -= 1
         for h in handles:
             h.remove()
-    if plan is not None:
+    if plan is not None:  # every forward of a recording must fire every edit
         plan.refuse_unfired(None)
+        plan.fired.clear()
+        plan.norms.clear()
     return state.light
 
 

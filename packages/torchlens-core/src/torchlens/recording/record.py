@@ -116,8 +116,8 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
            to: str | os.PathLike | None = None, dtype: torch.dtype | None = None,
            reduce: Any = None, batch_size: int = 1,
            overwrite: bool = False, progress: bool | None = None, shard_bytes: int = SHARD_BYTES,
-           tokenizer: Any = None, processor: Any = None, preprocess: Any = None
-           ) -> Recording | StoredRecording:
+           tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
+           edits: Any = None) -> Recording | StoredRecording:
     """Record the ``save=`` ops' activations over one input or an iterable of inputs (a
     DataLoader, a list of prompts tokenized ``batch_size`` at a time).
 
@@ -125,14 +125,17 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     example, padded tokens dropped, ``dtype`` cast, ``reduce`` ("mean", "last", a callable, or a
     mapping per label) applied inside the forward. The same call again resumes; under torchrun
     each rank records its share. Returns the opened store. Forwards run under ``no_grad``.
+    ``edits={site: edit}`` records the edited model (every forward, each edit proven to fire;
+    a store's manifest lists them, so a store of other edits refuses to resume).
     """
-    from ..verbs import checked_inventory
+    from ..verbs import checked_inventory, plan_edits
 
     _check_options(save, reduce, dtype, to, batch_size)
     inv = checked_inventory(model, "record")
     refuse_values(model, "record", "recorded activations", inv)
     save = list(save)
     parse_save(save, model, inv)  # module addresses are checked now
+    plan = plan_edits(edits, inv, model, False, "record")
     presplit = distributed.uses_distributed_sampler(inputs)
     items, total, prompts = _inputs(inputs)
     # one input: no code of the caller's runs before its forward, so its walk is this one
@@ -142,11 +145,11 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
         progress = sys.stderr.isatty()
     if to is None:
         return _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size,
-                                 progress, options, first_inv)
+                                 progress, options, first_inv, plan)
     items, first = _peek(items)
     _check_labels(model, first, save, options, prompts, inv)
     return _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size,
-                            progress, options, Path(to), overwrite, shard_bytes, presplit)
+                            progress, options, Path(to), overwrite, shard_bytes, presplit, plan)
 
 
 def _peek(items: Iterable) -> tuple[Iterable, Any]:
@@ -173,11 +176,12 @@ def _resolve(model: nn.Module, value: Any, options: dict, inv: Inventory | None)
                        options=options, inv=inv)
 
 
-def _capture(model: nn.Module, res, save: list[str], keeper: Keeper) -> dict[str, Any]:
+def _capture(model: nn.Module, res, save: list[str], keeper: Keeper, plan: Any = None
+             ) -> dict[str, Any]:
     """One light capture; recording needs no autograd graph, so none is built."""
     with torch.no_grad():
         return capture_selected(model, res.args, res.kwargs, save, keep=keeper,
-                                inv=res.inventory)
+                                inv=res.inventory, edits=plan)
 
 
 def _missing(values: dict[str, Any], save: list[str]) -> None:
@@ -197,7 +201,7 @@ def _bar(progress: bool, total: int | None):
 
 
 def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
-                      options, inv: Inventory | None) -> Recording:
+                      options, inv: Inventory | None, plan: Any = None) -> Recording:
     bar = _bar(progress, total)
     batches: list[dict[str, Any]] = []
     provenance: list[dict] = []
@@ -205,10 +209,11 @@ def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_s
     try:
         for _, count, res, _, values in _captured(model, items, 0, batch_size, prompts, save,
                                                   reduce, dtype, options, as_rows=False,
-                                                  inv=inv):
+                                                  inv=inv, plan=plan):
             if not batches:
                 labels = list(values)
-            provenance.append(res.provenance)
+            provenance.append(res.provenance if plan is None else
+                              dict(res.provenance, edits=plan.specs()))
             batches.append(values)
             if bar is not None:
                 bar.update(count)
@@ -220,7 +225,7 @@ def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_s
 
 def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
                      options, folder: Path, overwrite: bool, shard_bytes: int,
-                     presplit: bool) -> StoredRecording:
+                     presplit: bool, plan: Any = None) -> StoredRecording:
     ranks = distributed.join(model)
     if presplit and total is not None:
         total *= ranks.world
@@ -229,6 +234,8 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
         store_options = {"dtype": None if dtype is None else str(dtype).removeprefix("torch."),
                          "reduce": describe_reduce(reduce),
                          "batch_size": batch_size if prompts else None}
+        if plan is not None:
+            store_options["edits"] = plan.specs()
         head = header(model, save, store_options, ranks.world)
         resume = prepare(folder, head, ranks.rank, overwrite)
         distributed.barrier(ranks)  # rank 0 has cleared the folder when asked to
@@ -239,7 +246,7 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
             bar.update(writer.items_done * ranks.world)
         try:
             _fill(model, writer, mine, prompts, save, reduce, dtype, batch_size, options, ranks,
-                  bar)
+                  bar, plan)
         except BaseException:
             writer.abandon()  # whole inputs recorded so far are kept
             raise
@@ -258,7 +265,7 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
 
 
 def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, options, *,
-              as_rows: bool, inv: Inventory | None = None
+              as_rows: bool, inv: Inventory | None = None, plan: Any = None
               ) -> Iterator[tuple[int, int, Any, int, dict[str, Any]]]:
     """One light capture a forward, after the first ``skip`` inputs: (first input's local
     index, inputs it covered, the resolution, its rows, the kept values). ``inv``: the model's
@@ -269,7 +276,8 @@ def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, opti
         res = _resolve(model, value, options, inv)
         inv = None
         n_rows, mask = batch_rows(res.args, res.kwargs)
-        values = _capture(model, res, save, Keeper(save, reduce, dtype, mask, as_rows=as_rows))
+        values = _capture(model, res, save, Keeper(save, reduce, dtype, mask, as_rows=as_rows),
+                          plan)
         if first:
             _missing(values, save)
             first = False
@@ -277,10 +285,10 @@ def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, opti
 
 
 def _fill(model, writer: ShardWriter, mine, prompts, save, reduce, dtype, batch_size, options,
-          ranks, bar) -> None:
+          ranks, bar, plan: Any = None) -> None:
     for k, count, res, n_rows, values in _captured(model, mine, writer.items_done, batch_size,
                                                    prompts, save, reduce, dtype, options,
-                                                   as_rows=True):
+                                                   as_rows=True, plan=plan):
         writer.note_provenance(res.provenance, count)
         writer.add(k * ranks.world + ranks.rank, values, [1] * count if prompts else [n_rows])
         if bar is not None:
