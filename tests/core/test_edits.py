@@ -436,3 +436,12 @@ def test_record_takes_edits_and_its_store_lists_them(tmp_path):
     with pytest.raises(tl.TorchLensError) as err:
         tl.record(model, batches, save=["blocks.2"], edits={"relu_1": tl.edits.zero()})
     assert err.value.code == "edit_site_not_fired"
+
+
+def test_a_star_stays_within_one_part_of_an_address():
+    model, x = _net()
+    trace = tl.trace(model, x, edits={"blocks.*": tl.edits.scale(1.0)})
+    assert [row["module"] for row in trace.edits] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert all(row["zero_change"] for row in trace.edits)
+    deep = tl.trace(model, x, edits={"blocks.**.0": tl.edits.scale(1.0)})
+    assert [row["module"] for row in deep.edits] == [f"blocks.{i}.mlp.0" for i in range(3)]

@@ -47,7 +47,8 @@ def parse_site(text: str, addresses: Iterable[str]) -> list[Site]:
     known = [a for a in addresses if a]
     known_set = set(known)
     if _GLOB.search(text):
-        matched = [a for a in known if fnmatch.fnmatchcase(a, text)]
+        pattern = _glob(text)
+        matched = [a for a in known if pattern.fullmatch(a)]
         if not matched:
             raise SiteUnknown(text, _close(text.replace("*", "0"), known))
         return [Site(text, "module", a) for a in matched]
@@ -60,6 +61,13 @@ def parse_site(text: str, addresses: Iterable[str]) -> list[Site]:
     if label is not None and (label["pass"] is None or int(label["pass"]) >= 1):
         return [Site(text, "op", label["base"], int(label["pass"]) if label["pass"] else None)]
     raise SiteUnknown(text, _close(text, known))
+
+
+def _glob(text: str) -> re.Pattern:
+    """A module-address glob as a regex: ``*`` within one part, ``**`` across parts."""
+    parts = re.split(r"(\*\*|\*|\?)", text)
+    wild = {"**": ".*", "*": "[^.]*", "?": "[^.]"}
+    return re.compile("".join(wild.get(p) or fnmatch.translate(p)[4:-3] for p in parts))
 
 
 def _close(text: str, known: list[str]) -> list[str]:

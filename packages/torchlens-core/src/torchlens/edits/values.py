@@ -320,7 +320,7 @@ def fit(value: Tensor, part: Tensor, where: Where) -> Tensor:
         shape = None
     if shape != part.shape:
         raise edit_error("edit_shape_mismatch", where,
-                         f"the edit at {where.site!r} ({where.label}) gives shape "
+                         f"the edit at {where.site!r} ({where.label or where.key}) gives shape "
                          f"{list(value.shape)}, which does not fit the value's "
                          f"{list(part.shape)}")
     if value.is_complex() and not part.is_complex():
