@@ -11,8 +11,10 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from .errors import InputError
 
 # what an op label looks like: a function name, its number, an optional pass
 LABEL = re.compile(r"(?P<base>[A-Za-z_][A-Za-z0-9_]*?_\d+)(?::(?P<pass>\d+))?")
@@ -61,6 +63,21 @@ def parse_site(text: str, addresses: Iterable[str]) -> list[Site]:
     if label is not None and (label["pass"] is None or int(label["pass"]) >= 1):
         return [Site(text, "op", label["base"], int(label["pass"]) if label["pass"] else None)]
     raise SiteUnknown(text, _close(text, known))
+
+
+def resolve(text: str, addresses: Iterable[str], *, option: str, model_class: str, code: str,
+            example: Callable[[str], str]) -> list[Site]:
+    """``parse_site`` for an option (``save=``, ``edits=``): a string that names nothing
+    refuses ``code`` with the closest names, each as ``example(name)``."""
+    try:
+        return parse_site(text, addresses)
+    except SiteUnknown as exc:
+        raise InputError(
+            f"{option} names {text!r}, which is no op label, module address or module glob of "
+            f"{model_class}", code=code,
+            teach=[example(c) for c in exc.close]
+            + ["list(tl.trace(model, x, save=None).modules)  # every module address",
+               "[op.label for op in tl.trace(model, x, save=None)]  # every op label"]) from None
 
 
 def _glob(text: str) -> re.Pattern:

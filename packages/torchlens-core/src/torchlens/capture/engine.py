@@ -24,7 +24,7 @@ from torch.nn.parameter import Parameter, is_lazy
 from .. import __version__ as _tl_version
 from ..collector import paused
 from ..errors import InputError, InputTypeError, add_note, warn
-from ..sites import SiteUnknown, parse_site
+from ..sites import resolve as resolve_site
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .boundaries import fields_of, leaves
 from .boundaries import install as install_boundaries
@@ -71,15 +71,9 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
     addresses = [name for name, _ in (inv or inventory(model)).modules if name]
     labels, modules = set(), set()
     for text in save:
-        try:
-            sites = parse_site(text, addresses)
-        except SiteUnknown as exc:
-            raise InputError(
-                f"save= names {text!r}, which is no op label, module address or module glob of "
-                f"{type(model).__name__}", code="save_selection_invalid",
-                teach=[f"tl.trace(model, x, save={[c]!r})" for c in exc.close]
-                + ["tl.trace(model, x, save=None)  # then list the labels: [op.label for op in t]"]
-            ) from None
+        sites = resolve_site(text, addresses, option="save=", model_class=type(model).__name__,
+                             code="save_selection_invalid",
+                             example=lambda c: f"tl.trace(model, x, save={[c]!r})")
         for site in sites:
             (labels.add(text) if site.kind == "op" else modules.add(site.name))
     return False, labels, modules

@@ -17,7 +17,7 @@ from torch import Tensor
 from torch._C import DisableTorchFunction
 
 from ..errors import InputError, InputTypeError, TorchLensError
-from ..sites import Site, SiteUnknown, nearest_labels, parse_site
+from ..sites import Site, nearest_labels, resolve
 from .values import Edit, Where, as_edit, fit
 
 
@@ -55,15 +55,9 @@ class EditPlan:
                                      teach=[f"tl.{surface}(model, x, edits={{'relu_3': "
                                             "tl.edits.zero()}})"])
             edit = as_edit(value)
-            try:
-                sites = parse_site(text, addresses)
-            except SiteUnknown as exc:
-                raise InputError(
-                    f"edits= names {text!r}, which is no module address, module glob or op "
-                    f"label of {self.model_class}", code="edit_site_unknown",
-                    teach=[f"tl.{surface}(model, x, edits={{{c!r}: ...}})" for c in exc.close]
-                    + ["list(tl.trace(model, x, save=None).modules)  # every module address"]
-                ) from None
+            sites = resolve(text, addresses, option="edits=", model_class=self.model_class,
+                            code="edit_site_unknown",
+                            example=lambda c: f"tl.{surface}(model, x, edits={{{c!r}: ...}})")
             for site in sites:
                 edit.check(site.text if site.kind == "op" else site.name, self)
                 self.entries.append((site, edit))
