@@ -129,7 +129,7 @@ class _Scale(Edit):
 class _TensorEdit(Edit):
     """An edit holding one tensor argument, checked to be a tensor up front."""
 
-    def __init__(self, tensor: Tensor, name: str, **kw):
+    def __init__(self, tensor: Tensor, **kw):
         super().__init__(**kw)
         if not isinstance(tensor, Tensor):
             raise InputTypeError(f"tl.edits.{self.kind} takes a tensor, not "
@@ -139,7 +139,6 @@ class _TensorEdit(Edit):
             raise InputError(f"tl.edits.{self.kind} got a meta tensor, which holds no values",
                              code="edit_invalid", teach=[f"tl.edits.{self.kind}(real_tensor)"])
         self.tensor = tensor.detach()
-        self._name = name
 
     def _facts(self):
         return {"shape": list(self.tensor.shape), "dtype": str(self.tensor.dtype).removeprefix(
@@ -150,7 +149,7 @@ class _Add(_TensorEdit):
     kind = "add"
 
     def __init__(self, vector: Tensor, alpha: float = 1.0, **kw):
-        super().__init__(vector, "vector", **kw)
+        super().__init__(vector, **kw)
         self.alpha = float(alpha)
 
     def new(self, part, where):
@@ -164,7 +163,7 @@ class _Replace(_TensorEdit):
     kind = "replace"
 
     def __init__(self, tensor: Tensor, **kw):
-        super().__init__(tensor, "tensor", **kw)
+        super().__init__(tensor, **kw)
 
     def new(self, part, where):
         return fit(self.tensor, part, where).expand(part.shape).clone()
@@ -195,9 +194,6 @@ class _Patch(Edit):
         if self.index is not None:
             value = value[self.index]
         return fit(value, part, where).expand(part.shape).clone()
-
-    def patches_whole(self) -> bool:
-        return True
 
     def _facts(self):
         return {"source_model": self.source.meta.get("model_class"),
