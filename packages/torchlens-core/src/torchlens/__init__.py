@@ -20,7 +20,7 @@ __all__ = [
     "Summary", "draw", "load", "record", "summary", "trace",
 ]
 SUBMODULES = ("debug", "types", "viz", "recording", "validation", "plugins", "errors", "edits",
-              "sites")
+              "sites", "patching")
 
 
 def __getattr__(name: str):

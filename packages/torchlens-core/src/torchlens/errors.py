@@ -76,6 +76,19 @@ CODES: dict[str, str] = {
     "meta_values_unavailable": "values were asked of a model on the meta device (shapes only)",
     "meta_op_unsupported": "a data-dependent op (nonzero, a boolean mask) has no meta kernel",
     "distributed_unavailable": "torchrun variables are set but the process group cannot start",
+    # edits and patching (tl.edits, edits=, tl.patching)
+    "edit_invalid": "an edit, its site key, index= or item= is malformed, or a callable edit "
+                    "returned no tensor",
+    "edit_site_unknown": "an edits= site names no op label, module address or glob of the model",
+    "edit_site_not_fired": "an edit's site never fired in the forward (the partial trace rides "
+                           "on the error)",
+    "edit_shape_mismatch": "an edit's value does not fit the site's shape (skip: input and "
+                           "output differ)",
+    "edit_dtype_mismatch": "an edit's value cannot be cast to the site's dtype",
+    "edit_source_missing": "a patch or mean source trace holds no value at the site",
+    "edit_source_model_mismatch": "a patch or mean source trace is of another model",
+    "patching_inputs_mismatch": "a patching sweep's clean and corrupt inputs differ in shape",
+    "patching_batch_unsafe": "a batched patching cell differs from the same cell alone",
     "drawing_too_large": "a static drawing too large for dot to lay out in seconds (refused "
                          "before layout)",
 }

@@ -228,11 +228,20 @@ def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str
     """
     with paused():
         return _capture_selected(model, args, kwargs, save, keep, inv or inventory(model),
-                                 edits)
+                                 edits)[0]
+
+
+def forward_edited(model: nn.Module, args: tuple, kwargs: dict, plan: Any,
+                   inv: Inventory | None = None) -> Any:
+    """The model's output with ``plan``'s edits applied and nothing else kept: the lightest
+    capture there is (module sites need no per-op mode at all). Every edit must fire."""
+    with paused():
+        return _capture_selected(model, args, kwargs, [], None, inv or inventory(model),
+                                 plan)[1]
 
 
 def _capture_selected(model, args, kwargs, save, keep, inv: Inventory, plan=None
-                      ) -> dict[str, Any]:
+                      ) -> tuple[dict[str, Any], Any]:
     modules = inv.modules
     _, save_labels, save_modules = parse_save(list(save), model, inv)
     ends = {label for label in save_labels if _END_LABEL.fullmatch(label)}  # input_1, output_2
@@ -263,7 +272,7 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory, plan=None
         plan.refuse_unfired(None)
         plan.fired.clear()
         plan.norms.clear()
-    return state.light
+    return state.light, out
 
 
 _END_LABEL = re.compile(r"(input|output)_\d+")

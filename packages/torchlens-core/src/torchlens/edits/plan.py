@@ -119,7 +119,7 @@ class EditPlan:
                 from ..capture.boundaries import leaves
 
                 inputs = leaves(args, [])
-                key = address if pass_num == 1 else f"{address}:{pass_num}"
+                key = f"{address}:{pass_num}"  # the call: a module may run several times
                 where = Where(site.text, None, None, pass_num, address, None, None, inputs, key)
                 before = _pick(output, edit.item, where)
                 entry = state.tensors.get(id(before)) if state.tensors else None
