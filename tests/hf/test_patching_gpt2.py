@@ -25,11 +25,12 @@ def test_gpt2_residual_sweep_equals_hooks_and_batches(tmp_path):
     with torch.no_grad():
         for i, block in enumerate(model.transformer.h):
             saved = {}
-            handle = block.register_forward_hook(lambda m, a, o: saved.setdefault("v", o))
+            handle = block.register_forward_hook(
+                lambda m, a, o, saved=saved: saved.setdefault("v", o))
             model(**clean)
             handle.remove()
             for j in range(grid.raw.shape[1]):
-                def patch(m, a, o, j=j):
+                def patch(m, a, o, j=j, saved=saved):
                     o = o.clone()
                     o[:, j] = saved["v"][:, j]
                     return o

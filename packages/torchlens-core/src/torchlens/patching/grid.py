@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import math
 import os
-from typing import Any
 
 import torch
 
