@@ -229,3 +229,38 @@ def test_minilm_mean_ablation_from_a_saved_trace(minilm):
                        if isinstance(o, tuple) else value.mean(0, keepdim=True).expand_as(o),
                        one)
     assert torch.allclose(_out(trace), expected, atol=1e-4)
+
+
+# ---- trace.push -------------------------------------------------------------------------------
+def _values_equal(pushed, rerun, atol):
+    for a, b in zip(pushed, rerun):
+        va, vb = a.out, b.out
+        va, vb = (va, vb) if isinstance(va, tuple) else ((va,), (vb,))
+        assert all(torch.allclose(x, y, atol=atol) for x, y in zip(va, vb)), a.label
+
+
+def test_push_equals_a_rerun_on_resnet18(resnet):
+    model, x = resnet
+    edits = {"layer2.0": tl.edits.scale(0.5),
+             "layer1.0.relu:2": tl.edits.zero(index=(slice(None), 5))}
+    clean = tl.trace(model, x, intervention_ready=True)
+    pushed = clean.push(edits)
+    rerun = tl.trace(model, x, edits=edits)
+    _values_equal(pushed, rerun, 1e-5)
+    assert pushed.meta["edits"]["recomputed_ops"] < len(clean)
+
+
+def test_push_equals_a_rerun_on_gpt2(gpt2):
+    model, inputs = gpt2
+    torch.manual_seed(3)
+    edits = {"transformer.h.1": tl.edits.add(torch.randn(32)),
+             "transformer.h.0.attn": tl.edits.zero(index=(slice(None), 3))}
+    clean = tl.trace(model, inputs, intervention_ready=True)
+    pushed = clean.push(edits)
+    _values_equal(pushed, tl.trace(model, inputs, edits=edits), 1e-5)
+    # from the middle: only the second block onwards is recomputed
+    late = clean.push({"transformer.h.1.mlp": tl.edits.zero()})
+    first = min(op.index for op in clean if op.module.startswith("transformer.h.1"))
+    assert late.meta["edits"]["recomputed_ops"] < len(clean) - first
+    _values_equal(late, tl.trace(model, inputs, edits={"transformer.h.1.mlp": tl.edits.zero()}),
+                  1e-5)

@@ -87,6 +87,10 @@ CODES: dict[str, str] = {
     "edit_dtype_mismatch": "an edit's value cannot be cast to the site's dtype",
     "edit_source_missing": "a patch or mean source trace holds no value at the site",
     "edit_source_model_mismatch": "a patch or mean source trace is of another model",
+    "push_needs_values": "trace.push on a trace without every value or its recorded calls "
+                         "(save='all', intervention_ready=True)",
+    "push_unsafe": "trace.push would recompute an op whose value decided control flow or "
+                   "whose shape depends on values; re-run instead",
     "patching_inputs_mismatch": "a patching sweep's clean and corrupt inputs differ in shape",
     "patching_batch_unsafe": "a batched patching cell differs from the same cell alone",
     "drawing_too_large": "a static drawing too large for dot to lay out in seconds (refused "

@@ -395,6 +395,15 @@ class Trace:
                 teach=["tl.trace(model, x)  # trace the model itself"])
         return rerun(self, input, input_kwargs=input_kwargs, **options)
 
+    def push(self, edits: Any, *, allow_unfired: bool = False) -> Trace:
+        """A new trace with ``edits`` applied, recomputing only the ops downstream of them from
+        the recorded calls (no ``forward``). Needs ``tl.trace(model, x, save="all",
+        intervention_ready=True)``; refuses ``push_unsafe`` where the graph itself could
+        change (a downstream value decided Python control flow, or a value-dependent shape)."""
+        from .edits.push import push
+
+        return push(self, edits, allow_unfired=allow_unfired)
+
     def decode_output(self, k: int = 5, labels: Any = None):
         """The output's meaning (next token, class label) for a gold trace; refuses otherwise."""
         from .semantics import decode

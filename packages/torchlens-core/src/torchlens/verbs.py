@@ -88,7 +88,7 @@ def _refuse_scripted(scripted: list[str], surface: str) -> None:
 
 def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str,
                    warmup: bool = False, inv: Inventory | None = None,
-                   edits: EditPlan | None = None) -> Trace:
+                   edits: EditPlan | None = None, templates: bool = False) -> Trace:
     """One capture in eval + no-grad with state restored; the receipt rides on the trace.
     ``warmup``: one uncaptured forward first, inside the same pinning, so one-time setup is not
     timed as a layer's cost (disclosed in ``trace.meta["timing"]``). ``inv``: the model's
@@ -99,7 +99,7 @@ def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, su
         if timing and timing.get("warmup_forwards"):
             box["reset"]()  # the capture describes the call the caller would make next
         result = capture(model, args, kwargs, save=save, inv=None if timing and timing.get(
-            "warmup_forwards") else inv, edits=edits)
+            "warmup_forwards") else inv, edits=edits, templates=templates)
     result.receipt = box["receipt"]
     result.meta["receipt"] = box["receipt"].as_dict()
     if timing is not None:
@@ -132,23 +132,30 @@ def _options(tokenizer: Any, processor: Any, preprocess: Any, labels: Any = None
             "labels": labels}
 
 
+def check_baseline(previous: Trace, model: nn.Module) -> None:
+    """An intervention-ready trace's model must still hold the bytes it had (``state_changed``
+    names what moved); a trace without a baseline has nothing to check."""
+    baseline = previous.meta.get("state_baseline")
+    if not baseline:
+        return
+    now = state_fingerprints(model)
+    changed = sorted(k for k in set(now) | set(baseline["tensors"])
+                     if now.get(k) != baseline["tensors"].get(k))
+    if changed:
+        raise StateError(
+            f"the model changed since this intervention-ready trace: {changed[:5]}"
+            + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""),
+            code="state_changed",
+            teach=["tl.trace(model, x, intervention_ready=True)  # a new baseline"])
+
+
 @outside_inference_mode
 def rerun(previous: Trace, input: Any, /, *, input_kwargs: dict | None = None,
           **options: Any) -> Trace:
     """``Trace.run``: trace the same model on a new real input with the previous trace's capture
     options; an intervention-ready trace first checks the model against its state baseline."""
     model = previous._objects["model"]
-    baseline = previous.meta.get("state_baseline")
-    if baseline:
-        now = state_fingerprints(model)
-        changed = sorted(k for k in set(now) | set(baseline["tensors"])
-                         if now.get(k) != baseline["tensors"].get(k))
-        if changed:
-            raise StateError(
-                f"the model changed since this intervention-ready trace: {changed[:5]}"
-                + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""),
-                code="state_changed",
-                teach=["tl.trace(model, x, intervention_ready=True)  # a new baseline"])
+    check_baseline(previous, model)
     saved = previous.meta.get("options", {})
     options.setdefault("save", saved.get("save", "all"))
     options.setdefault("intervention_ready", bool(saved.get("intervention_ready")))
@@ -169,11 +176,13 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     labels / module addresses / module globs. Keeps the caller's train/eval and grad modes.
     ``edits={site: edit}`` (``tl.edits``) changes the forward where each site's value is made;
     ``trace.edits`` proves each fired, and a site that never fired refuses unless
-    ``allow_unfired=True``.
+    ``allow_unfired=True``. ``intervention_ready=True`` keeps a state baseline (checked by
+    ``trace.run``) and, with ``save="all"``, each op's call, for ``trace.push(edits)``.
     """
     inv = checked_inventory(model, "trace")
     parse_save(save, model, inv)
     plan = plan_edits(edits, inv, model, allow_unfired, "trace")
+    templates = intervention_ready and save == "all"  # what trace.push recomputes from
     if intervention_ready and inv.lazy:
         raise StateError(
             "intervention_ready=True needs a state baseline, but "
@@ -193,7 +202,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         if not saves_nothing(save) or plan is not None:
             check_save_budget(res.provenance, save)
             result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace",
-                                    edits=plan)
+                                    edits=plan, templates=templates)
             res.provenance["recapture"] = {
                 "reason": f"save={save!r} is not satisfied by the metadata-only verified capture"
                 if plan is None else "edits= apply to a capture of their own",
@@ -202,7 +211,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     else:
         with forward_errors(res, "trace"):
             result = capture(model, res.args, res.kwargs, save=save, inv=res.inventory,
-                             edits=plan)
+                             edits=plan, templates=templates)
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
     _note_edits(result, plan)

@@ -34,7 +34,8 @@ from .flops import flops_of, flops_of_weight
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
 from .offload import homes, quiet_hooks
-from .recorder import R_DEVICE, R_LABEL, R_PARENTS, CaptureState, LightRecorder, Recorder, snapshot
+from .recorder import (R_DEVICE, R_LABEL, R_PARENTS, CaptureState, LightRecorder, Recorder,
+                       TemplateRecorder, snapshot)
 from .watch import note_writes, write_guard
 
 _active = threading.local()
@@ -81,20 +82,23 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
 
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
             provenance: dict | None = None, replay: bool = False,
-            inv: Inventory | None = None, edits: Any = None) -> Trace:
+            inv: Inventory | None = None, edits: Any = None, templates: bool = False) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace.
 
     ``replay=True`` also keeps each op's call template and live output (for validation) in
     ``trace._replay`` — memory-hungry, never saved. ``inv`` is the model's inventory when the
     caller took it just before. ``edits``: an ``edits.EditPlan`` applied through the seam; its
     proof of firing goes to ``trace.meta["edits"]``, and a site that never fired refuses.
+    ``templates=True`` keeps each op's call template (and the ops a Python decision read) in
+    ``trace._objects["templates"]``, for ``trace.push``.
     """
     with paused():
         return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model),
-                        edits)
+                        edits, templates)
 
 
-def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan=None) -> Trace:
+def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan=None,
+             templates=False) -> Trace:
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     # the inventory's id tables (each capture takes its own inventory, so they are its to grow)
     state = CaptureState(inv.param_ids, inv.buffer_ids, save_all, save_labels)
@@ -105,8 +109,11 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
         _plug(state, plan)
     if replay:
         state.calls, state.live = {}, {}
-    elif save_all or save_labels:
-        state.held = Held(state.values)
+    else:
+        if templates:
+            state.calls = {}
+        if save_all or save_labels:
+            state.held = Held(state.values)
     calls: list[list] = []  # finished module calls (their frames)
     _add_inputs(state, args, kwargs)
     structure = None
@@ -116,7 +123,8 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     try:
-        with quiet_hooks(model, offloaded, state), eager(), Recorder(state):
+        recorder = TemplateRecorder(state) if templates else Recorder(state)
+        with quiet_hooks(model, offloaded, state), eager(), recorder:
             out = model(*args, **kwargs)
         structure = _output_node(state, out, "", 0, [0])
         if not replay:
@@ -153,6 +161,9 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
     if no_values:
         result.meta["values"] = "meta"  # shapes and costs only: no tensor holds values
     result._objects["output_values"] = state.output_objects
+    if templates:
+        result._objects["templates"] = {"calls": state.calls, "autocast": state.autocast,
+                                        "orders": state.orders, "decided": state.decided}
     if replay:
         result._replay = {"calls": state.calls, "live": state.live, "output": out,
                           "grads": state.grads, "versions": state.versions,

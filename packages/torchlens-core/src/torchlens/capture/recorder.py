@@ -102,6 +102,7 @@ class CaptureState:
         self.output_objects: list[Any] = []  # non-JSON output values, kept in memory
         self.calls: dict[int, tuple] | None = None  # replay templates, when asked for
         self.live: dict[int, Any] | None = None  # the real output tensors, when asked for
+        self.decided: set[int] = set()  # ops whose values a Python decision read (templates)
         self.grads: dict[tuple[int, int], Any] = {}  # output gradients seen by tensor hooks
         self.versions: dict[tuple[int, int], int] = {}  # output versions right after each op
         self.orders: dict[int, list] = {}  # a transformed op's outputs' dimension orders
@@ -547,13 +548,16 @@ class Recorder(TorchFunctionMode):
         return out
 
     def _keep_for_replay(self, index, func, args, kwargs, out, out_tensors) -> None:
-        """Validation: the call's template, its live output, versions and output gradients."""
+        """Validation: the call's template, its live output, versions and output gradients
+        (``trace.push``: the template alone)."""
         s = self.state
         s.calls[index] = (func, s.template(args), s.template(kwargs))
         casts = tuple((device, torch.get_autocast_dtype(device)) for device in _AUTOCAST
                       if torch.is_autocast_enabled(device))
         if casts:  # replayed in the same autocast regions
             s.autocast[index] = casts
+        if s.live is None:  # templates alone (``trace.push``): no live outputs, no hooks
+            return
         s.live[index] = out if len(out_tensors) > 1 else out_tensors[0]
         for position, t in enumerate(out_tensors):
             s.versions[(index, position)] = t._version
@@ -576,6 +580,29 @@ class Recorder(TorchFunctionMode):
             "func": func_name(func), "module": frame[0], "module_pass": frame[1],
             "input_shapes": shapes, "after_op": len(s.records),
         }
+
+
+# calls whose answer is a Python value read from a tensor's values: what the forward did next
+# may depend on it (an ``if``, a loop count, a shape)
+_DECIDES = {Tensor.item, Tensor.tolist, Tensor.__bool__, Tensor.__int__, Tensor.__float__,
+            Tensor.__index__, Tensor.__complex__, Tensor.numpy, Tensor.__array__, torch.equal,
+            Tensor.equal, torch.allclose, Tensor.allclose, torch.is_nonzero, Tensor.is_nonzero}
+
+
+class TemplateRecorder(Recorder):
+    """Records as Recorder does and keeps each call's template; notes the ops whose values a
+    Python decision read (``state.decided``), so a recomputation knows where the graph itself
+    could change."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _DECIDES and args:
+            s = self.state
+            for t in _inputs(args, kwargs or _EMPTY):
+                if isinstance(t, Tensor):
+                    index = s.producer(t)
+                    if index is not None:
+                        s.decided.add(index)
+        return super().__torch_function__(func, types, args, kwargs)
 
 
 def label_names(labels: set[str]) -> set[str]:

@@ -131,8 +131,10 @@ class EditPlan:
         return output
 
     def _apply(self, edit: Edit, out: Any, where: Where, index: int | None,
-               inplace: bool) -> Any:
-        value = _pick(out, edit.item, where)
+               inplace: bool, item: Any = ...) -> Any:
+        """``out`` with ``edit`` applied to its ``item`` (default: the edit's own)."""
+        item = edit.item if item is ... else item
+        value = _pick(out, item, where)
         where.shape = list(value.shape)
         part = value if edit.index is None else value[edit.index]
         new = edit.new(part, where)
@@ -143,11 +145,11 @@ class EditPlan:
             part.copy_(new)
             result = out
         elif edit.index is None:
-            result = _put(out, edit.item, new, where)
+            result = _put(out, item, new, where)
         else:
             whole = value.clone()
             whole[edit.index] = new
-            result = _put(out, edit.item, whole, where)
+            result = _put(out, item, whole, where)
         self.norms.append(change)
         self.fired.append({
             "site": where.site, "label": where.label, "pass": where.pass_num,
@@ -196,8 +198,9 @@ class EditPlan:
             f"edits at {missing} never fired: the forward produced no such op or module call",
             code="edit_site_not_fired",
             teach=[f"edits={{{c!r}: ...}}" for c in close]
-            + [f"tl.{self.surface}(model, x, edits=..., allow_unfired=True)  # keep going, "
-               "and list it in trace.edits"])
+            + [("trace.push(edits, allow_unfired=True)" if self.surface == "push" else
+                f"tl.{self.surface}(model, x, edits=..., allow_unfired=True)")
+               + "  # keep going, and list it in trace.edits"])
         err.partial_trace = partial
         raise err
 
