@@ -106,7 +106,8 @@ def main() -> None:
             with torch.no_grad():
                 clean = tl.trace(model, x, save="all", intervention_ready=True)
             methods["push module edit"] = lambda clean=clean, e={site: edit}: clean.push(e)
-            methods["rerun save=all module edit"] = lambda e={site: edit}: _all(model, x, e)
+            methods["rerun save=all module edit"] = lambda m=model, v=x, e={site: edit}: _all(
+                m, v, e)
         samples = time_rounds(methods, runs=args.runs, warmup=2)
         stats = {k: summarize(v) for k, v in samples.items()}
         base = stats["trace"]["median_ms"]

@@ -34,8 +34,16 @@ from .flops import flops_of, flops_of_weight
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
 from .offload import homes, quiet_hooks
-from .recorder import (R_DEVICE, R_LABEL, R_PARENTS, CaptureState, LightRecorder, Recorder,
-                       TemplateRecorder, snapshot)
+from .recorder import (
+    R_DEVICE,
+    R_LABEL,
+    R_PARENTS,
+    CaptureState,
+    LightRecorder,
+    Recorder,
+    TemplateRecorder,
+    snapshot,
+)
 from .watch import note_writes, write_guard
 
 _active = threading.local()

@@ -63,7 +63,7 @@ def push(trace: Trace, edits: Any, *, allow_unfired: bool = False) -> Trace:
             if i in downstream:
                 values[i] = _recompute(op, calls, casts, values, index_of, model, trace,
                                        _resolve, _fresh_first, call_batched)
-            for site, edit, position, where in sites.get(i, ()):
+            for _, edit, position, where in sites.get(i, ()):
                 where.inputs = where.inputs(values) if callable(where.inputs) else where.inputs
                 values[i] = _edit(plan, edit, values[i], position, where, i)
     plan.refuse_unfired(trace)
