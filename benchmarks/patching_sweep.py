@@ -1,0 +1,150 @@
+"""A patching sweep on a 12-layer GPT-2: ``tl.patching.sweep`` against the same grid written by
+hand with ``register_forward_hook``, and nnsight 0.8 beside them.
+
+Run ``hatch run bench:sweep`` (``--rounds 2``). GPT-2 is ``GPT2Config()`` (12 layers, 768 wide,
+random weights, eval), 16 token ids; the corrupt prompt differs from the clean one at every
+position. The grid: the 12 block outputs (``transformer.h.*``, the residual stream) x the 16
+positions, 192 cells; a cell patches the clean block output at one position into the corrupt
+run; the metric is a logit difference at the last position. Every method computes the clean
+values once per grid and the whole grid; each grid is timed end to end, the methods in a
+rotating order, ``rounds`` times; the median grid time is reported. All grids are checked to
+agree with the hand-written one before any time counts.
+
+Targets (issue 45): ``batch_size=1`` costs at most 1.15x the hand-written loop; batched
+(``batch_size=16`` or ``64``, the faster) is at least 3x faster than it. Results: ``benchmarks/results/sweep.*``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import build_model, machine  # noqa: E402
+
+import torchlens as tl  # noqa: E402
+
+HERE = os.path.dirname(__file__)
+SEQ = 16
+A, B = 1234, 4321  # the logit difference's two tokens
+
+
+def metric(out: Any) -> torch.Tensor:
+    logits = out.logits if hasattr(out, "logits") else out["logits"]
+    return logits[0, -1, A] - logits[0, -1, B]
+
+
+def by_hand(model, clean, corrupt) -> torch.Tensor:
+    """The grid with forward hooks: save each block's clean output, then patch cell by cell."""
+    blocks = list(model.transformer.h)
+    grid = torch.empty(len(blocks), SEQ, dtype=torch.float64)
+    with torch.no_grad():
+        saved: dict[int, torch.Tensor] = {}
+        handles = [b.register_forward_hook(lambda m, a, o, i=i: saved.__setitem__(i, o))
+                   for i, b in enumerate(blocks)]
+        model(**clean)
+        for h in handles:
+            h.remove()
+        for i, block in enumerate(blocks):
+            for p in range(SEQ):
+                def patch(m, a, o, i=i, p=p):
+                    o[:, p] = saved[i][:, p]  # in place, no copy: the leanest hook
+                    return o
+                handle = block.register_forward_hook(patch)
+                try:
+                    grid[i, p] = float(metric(model(**corrupt)))
+                finally:
+                    handle.remove()
+    return grid
+
+
+def with_torchlens(model, clean, corrupt, batch_size: int) -> torch.Tensor:
+    return tl.patching.sweep(model, clean, corrupt, sites=["transformer.h.*"], metric=metric,
+                             batch_size=batch_size).raw
+
+
+def with_nnsight(model, clean, corrupt) -> torch.Tensor:
+    import nnsight
+    from nnsight import NNsight
+
+    lm = NNsight(model)
+    n = len(model.transformer.h)
+    grid = torch.empty(n, SEQ, dtype=torch.float64)
+    with torch.no_grad():
+        with lm.trace(**clean):
+            saved = nnsight.save([lm.transformer.h[i].output for i in range(n)])
+        for i in range(n):
+            for p in range(SEQ):
+                with lm.trace(**corrupt):
+                    lm.transformer.h[i].output[:, p] = saved[i][:, p]
+                    value = metric(lm.output).save()
+                grid[i, p] = float(value)
+    return grid
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--no-nnsight", action="store_true")
+    args = parser.parse_args()
+    model, _ = build_model("gpt2")
+    torch.manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (1, SEQ))
+    clean = {"input_ids": ids}
+    corrupt = {"input_ids": (ids + 7) % model.config.vocab_size}
+    methods = {
+        "hook loop": lambda: by_hand(model, clean, corrupt),
+        "tl.patching.sweep batch_size=1": lambda: with_torchlens(model, clean, corrupt, 1),
+        "tl.patching.sweep batch_size=16": lambda: with_torchlens(model, clean, corrupt, 16),
+        "tl.patching.sweep batch_size=64": lambda: with_torchlens(model, clean, corrupt, 64),
+    }
+    if not args.no_nnsight:
+        methods["nnsight 0.8"] = lambda: with_nnsight(model, clean, corrupt)
+    reference = methods["hook loop"]()
+    agree = {}
+    for name, fn in methods.items():
+        grid = fn()
+        agree[name] = float((grid - reference).abs().max())
+        print(f"{name}: largest difference from the hook loop {agree[name]:.2e}", flush=True)
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    names = list(methods)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            gc.collect()
+            t0 = time.perf_counter()
+            methods[name]()
+            times[name].append(time.perf_counter() - t0)
+            print(f"round {r}: {name} {times[name][-1]:.2f} s", flush=True)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    hand = med["hook loop"]
+    lines = [f"GPT-2 (12 layers, 768 wide), {SEQ} tokens, 12 sites x {SEQ} positions = "
+             f"{12 * SEQ} cells; median of {args.rounds} grids, {torch.get_num_threads()} "
+             "threads"]
+    for name, seconds in med.items():
+        lines.append(f"{name:34s} {seconds:7.2f} s  {seconds / hand:5.2f}x the hook loop "
+                     f"(max diff {agree[name]:.1e})")
+    one = med["tl.patching.sweep batch_size=1"]
+    many = min(med["tl.patching.sweep batch_size=16"], med["tl.patching.sweep batch_size=64"])
+    lines.append(f"target batch_size=1 <= 1.15x the hook loop: {one / hand:.3f}x "
+                 f"{'PASS' if one / hand <= 1.15 else 'MISS'}")
+    lines.append(f"target batched >= 3x faster than the hook loop: {hand / many:.2f}x "
+                 f"{'PASS' if hand / many >= 3 else 'MISS'}")
+    print("\n".join(lines))
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "sweep.json"), "w", encoding="utf-8") as fh:
+        json.dump({"machine": machine(), "seconds": times, "median_s": med,
+                   "max_abs_diff": agree}, fh, indent=1)
+    with open(os.path.join(HERE, "results", "sweep.txt"), "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
