@@ -11,7 +11,8 @@ rotating order, ``rounds`` times; the median grid time is reported. All grids ar
 agree with the hand-written one before any time counts.
 
 Targets (issue 45): ``batch_size=1`` costs at most 1.15x the hand-written loop; batched
-(``batch_size=16`` or ``64``, the faster) is at least 3x faster than it. Results: ``benchmarks/results/sweep.*``.
+(``batch_size=16`` or ``64``, the faster) is at least 3x faster than it. Results:
+``benchmarks/results/sweep.*``.
 """
 
 from __future__ import annotations
