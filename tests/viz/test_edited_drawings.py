@@ -23,9 +23,9 @@ def test_the_svg_marks_the_edited_op_and_only_it(tmp_path):
     svg = (tmp_path / "e.svg").read_text()
     groups = re.findall(r'<g id="node\d+" class="node">(.*?)</g>', svg, flags=re.S)
     edited = [g for g in groups if "EDITED" in g]
-    assert len(edited) == 1 and "relu_1" in edited[0] and "#d62728" in edited[0]
+    assert len(edited) == 1 and "relu_1" in edited[0] and "#e8710a" in edited[0]
     assert "EDITED scale" in edited[0] and "change" in edited[0]
-    assert sum("#d62728" in g for g in groups) == 1
+    assert sum("#e8710a" in g for g in groups) == 1
     tl.draw(model, x, path=tmp_path / "plain.svg", collapse="none")
     assert "EDITED" not in (tmp_path / "plain.svg").read_text()
 

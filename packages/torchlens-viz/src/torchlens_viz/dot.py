@@ -80,8 +80,9 @@ def _node_attrs(view: GraphView, node: ViewNode) -> str:
         attrs.append(f'style="{_style("rounded,dashed", t.filled)}"')
     elif node.count > 1:
         attrs.append(f'fillcolor="{t.fold_fill}"')
-    if node.edited:  # an edit fired here: a heavy red border, whatever the theme
-        attrs += ['color="#d62728"', "penwidth=3"]
+    if node.edited:  # an edit fired here: a heavy orange dashed border, whatever the theme
+        attrs += ['color="#e8710a"', "penwidth=3.5", 'style="' + _style(
+            "rounded,dashed" if node.kind != "module" else "dashed", view.theme.filled) + '"']
     return ", ".join(attrs)
 
 

@@ -92,7 +92,7 @@ class _Page:
         b, remap = self.b, self.b.remap
         cols: dict[str, list[Any]] = {name: [] for name in (
             "label", "func", "kind", "module", "shape", "dtype", "params", "flops", "time_ns",
-            "bytes", "parents", "stack", "alias", "group", "run", "lines")}
+            "bytes", "parents", "stack", "alias", "group", "run", "lines", "edited")}
         runs = self._runs()
         for op in b.scoped:
             label = op.label
@@ -116,6 +116,8 @@ class _Page:
             cols["group"].append(self.group_ids.get(rep, -1) if rep is not None else -1)
             cols["run"].append(runs.get(label))
             cols["lines"].append(self._op_lines(op, shape, params))
+            edits = b.edits_in([label])  # the largest change an edit made here, or None
+            cols["edited"].append(max(row["norm"] for row in edits) if edits else None)
         return cols
 
     def _op_lines(self, op: Any, shape: str, params: int) -> list[str]:
@@ -189,6 +191,7 @@ class _Page:
             "title": name,
             "lines": [line for line in (call.type, detail_line(shape_text, params), edited)
                       if line],
+            "edited": bool(edits),
             "cluster": f"{name}: {call.type}" if kind == "module" else f"{call.type} · {name}",
             "atomic": len(call.ops) == 1 and not call.children[0][0] == "call",
             "params": params, "flops": sum(flops) if flops else None, "time_ns": time_ns,

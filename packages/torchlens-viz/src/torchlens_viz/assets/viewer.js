@@ -63,7 +63,7 @@
       node.op = r;
       node.title = O.label[r] + (n > 1 ? " ×" + n : "");
       node.lines = O.lines[r];
-      node.cls = O.kind[r] + (n > 1 ? " folded" : "");
+      node.cls = O.kind[r] + (n > 1 ? " folded" : "") + (O.edited[r] != null ? " edited" : "");
       node.fill = O.kind[r] === "input" ? T.input_fill : O.kind[r] === "output" ? T.output_fill
         : n > 1 ? T.fold_fill : T.node_fill;
       const m = O.module[r];
@@ -73,7 +73,7 @@
       node.call = c;
       node.title = g ? g.title : C[c].title;
       node.lines = g ? g.lines : C[c].lines;
-      node.cls = "module" + (g ? " folded" : "");
+      node.cls = "module" + (g ? " folded" : "") + (!g && C[c].edited ? " edited" : "");
       node.fill = g ? T.fold_fill : T.module_fill;
       node.address = C[c].address;
     }
@@ -337,11 +337,36 @@
     const s = O.stack[i], c = s[s.length - 1];
     return c !== undefined && C[c].atomic ? C[c].type : "";
   }
+  // the site vocabulary of save= and edits= (torchlens.sites): an op label (every pass) or a
+  // pass label, a module address or one call of it ("layer1.0:2"), a glob over module addresses
+  // ("*" within one part, "**" across dots); null when the query names no site
+  function moduleHits(match, pass, hits) {
+    for (let c = 0; c < C.length; c++) {
+      if (C[c].kind !== "module" || !match(C[c].address) || (pass !== null && C[c].pass !== pass)) continue;
+      if (C[c].atomic) { const f = firstOp(c); if (f >= 0) hits.push(f); } else hits.push(-c - 1);
+    }
+  }
+  function siteHits(q) {
+    const hits = [];
+    if (/[*?]/.test(q)) {
+      const re = new RegExp("^" + q.split(/(\*\*|\*|\?)/).map((p) => p === "**" ? ".*" : p === "*"
+        ? "[^.]*" : p === "?" ? "[^.]" : p.replace(/[.+^${}()|[\]\\]/g, "\\$&")).join("") + "$");
+      moduleHits((a) => re.test(a), null, hits);
+      return hits;
+    }
+    for (let i = 0; i < N; i++) if (O.label[i] === q || O.label[i].split(":")[0] === q) hits.push(i);
+    if (hits.length) return hits;
+    const k = q.lastIndexOf(":"), pass = k > 0 && /^\d+$/.test(q.slice(k + 1)) ? +q.slice(k + 1) : null;
+    const address = pass === null ? q : q.slice(0, k);
+    moduleHits((a) => a === address, pass, hits);
+    return hits.length ? hits : null;
+  }
   function search(q) {
+    const exact = q.trim() ? siteHits(q.trim()) : null;
     q = q.trim().toLowerCase();
-    S.hits = [];
+    S.hits = exact || [];
     S.hit = -1;
-    if (q) {
+    if (q && !exact) {
       for (let i = 0; i < N; i++) {
         const m = O.module[i].toLowerCase();
         if (O.label[i].toLowerCase().includes(q) || O.func[i].toLowerCase().includes(q) ||
