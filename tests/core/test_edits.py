@@ -359,10 +359,19 @@ def test_model_state_and_rng_are_unchanged_after_edits_and_refusals():
     assert [m.training for m in model.modules()] == modes
     assert all(not m._forward_hooks and "_compiled_call_impl" not in m.__dict__
                for m in model.modules())
-    # tl.trace draws the same random numbers a plain forward would: the stream is not touched
-    torch.set_rng_state(rng)
+    assert torch.equal(torch.get_rng_state(), rng)  # no forward here draws random numbers
     summary = tl.summary(model, x, edits={"blocks.0.mlp": tl.edits.zero()})
-    assert summary.receipt.verified
+    assert summary.receipt.verified and torch.equal(torch.get_rng_state(), rng)
+    # with dropout in train mode, an edited capture draws exactly what a plain forward draws
+    dropping = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 2)).train()
+    torch.manual_seed(5)
+    model(x)
+    dropping(x[0])
+    after_plain = torch.get_rng_state()
+    torch.manual_seed(5)
+    model(x)
+    tl.trace(dropping, x[0], edits={"0": tl.edits.scale(2.0)})
+    assert torch.equal(torch.get_rng_state(), after_plain)
 
 
 # ---- marked as edited everywhere ---------------------------------------------------------------

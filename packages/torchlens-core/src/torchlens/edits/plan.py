@@ -16,9 +16,10 @@ from typing import Any
 from torch import Tensor
 from torch._C import DisableTorchFunction
 
+from ..capture.boundaries import leaves
 from ..errors import InputError, InputTypeError, TorchLensError
 from ..sites import Site, nearest_labels, resolve
-from .values import Edit, Where, as_edit, fit
+from .values import Edit, Where, as_edit, fit, index_text
 
 
 class EditError(TorchLensError, ValueError):
@@ -68,7 +69,6 @@ class EditPlan:
             table.setdefault(site.name, []).append((site, edit))
         self.fired: list[dict[str, Any]] = []
         self.norms: list[Tensor] = []
-        self.step: int | None = None  # set by a multi-step capture
 
     # ---- checks before the forward --------------------------------------------------------
     def check_source(self, source: Any, site: str) -> None:
@@ -90,7 +90,7 @@ class EditPlan:
                 saved = target.saved
             else:
                 calls = getattr(target, "calls", None) or [target]
-                saved = all(_call_saved(source, c) for c in calls)
+                saved = all(_call_saved(c) for c in calls)
         if not saved:
             raise InputError(
                 f"the source trace holds no value at {site!r}", code="edit_source_missing",
@@ -116,8 +116,6 @@ class EditPlan:
             if site.pass_num is not None and site.pass_num != pass_num:
                 continue
             with DisableTorchFunction():
-                from ..capture.boundaries import leaves
-
                 inputs = leaves(args, [])
                 key = f"{address}:{pass_num}"  # the call: a module may run several times
                 where = Where(site.text, None, None, pass_num, address, None, None, inputs, key)
@@ -154,9 +152,8 @@ class EditPlan:
         self.fired.append({
             "site": where.site, "label": where.label, "pass": where.pass_num,
             "module": where.module, "op_index": index, "kind": edit.kind,
-            "shape": where.shape, "index": edit.describe()["index"], "item": edit.item
+            "shape": where.shape, "index": index_text(edit.index), "item": edit.item
             if isinstance(edit.item, (int, str)) or edit.item is None else repr(edit.item),
-            "step": self.step,
         })
         return result
 
@@ -165,7 +162,7 @@ class EditPlan:
         """What the provenance keeps: each site with its edit's description."""
         return [{"site": text, **edit.describe()} for text, edit in _by_text(self.entries)]
 
-    def rows(self, labels: list[str] | None = None) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, Any]]:
         """The firing rows (norms read now: one sync per fired edit), unfired sites last."""
         rows = []
         for row, norm in zip(self.fired, self.norms):
@@ -177,7 +174,7 @@ class EditPlan:
             if text not in fired:
                 rows.append({"site": text, "label": None, "pass": None, "module": None,
                              "op_index": None, "kind": edit.kind, "shape": None,
-                             "index": edit.describe()["index"], "item": None, "step": self.step,
+                             "index": index_text(edit.index), "item": None,
                              "norm": None, "zero_change": None, "fired": False})
         for row in rows:
             row.setdefault("fired", True)
@@ -213,7 +210,7 @@ def _by_text(entries: list[tuple[Site, Edit]]) -> list[tuple[str, Edit]]:
     return list(seen.items())
 
 
-def _call_saved(source: Any, call: Any) -> bool:
+def _call_saved(call: Any) -> bool:
     try:
         call.out  # noqa: B018  (reading it is the check)
     except TorchLensError:
@@ -229,8 +226,6 @@ def _pick(out: Any, item: Any, where: Where) -> Tensor:
                              "value is one tensor")
         return out
     if item is None:
-        from ..capture.boundaries import leaves
-
         found = leaves(out, [])
         if not found:
             raise edit_error("edit_invalid", where, f"the output at {where.site!r} holds no "

@@ -45,7 +45,7 @@ def tensor_hash(t: Tensor) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def _index_text(index: Any) -> str | None:
+def index_text(index: Any) -> str | None:
     if index is None:
         return None
     items = index if isinstance(index, tuple) else (index,)
@@ -88,7 +88,7 @@ class Edit:
         """Refusals that need no forward (a patch source missing the site, say)."""
 
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "index": _index_text(self.index)}
+        out: dict[str, Any] = {"kind": self.kind, "index": index_text(self.index)}
         if self.item is not None:
             out["item"] = self.item if isinstance(self.item, (int, str)) else repr(self.item)
         out.update(self._facts())
