@@ -442,3 +442,32 @@ def test_a_star_stays_within_one_part_of_an_address():
     assert all(row["zero_change"] for row in trace.edits)
     deep = tl.trace(model, x, edits={"blocks.**.0": tl.edits.scale(1.0)})
     assert [row["module"] for row in deep.edits] == [f"blocks.{i}.mlp.0" for i in range(3)]
+
+
+def test_record_takes_a_glob_as_the_modules_it_matches(tmp_path):
+    model, x = _net()
+    store = tl.record(model, [x], save=["blocks.*.mlp"], to=tmp_path / "acts")
+    assert sorted(store.labels) == ["blocks.0.mlp", "blocks.1.mlp", "blocks.2.mlp"]
+    trace = tl.trace(model, x, save=["blocks.1.mlp"])
+    assert torch.equal(store["blocks.1.mlp"][0:2], trace["blocks.1.mlp"].out)
+
+
+class Indices(nn.Module):
+    """An integer value in the middle of the forward: the argmax a lookup reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.table = nn.Linear(4, 6), nn.Embedding(6, 3)
+
+    def forward(self, x):
+        return self.table(self.fc(x).argmax(-1))
+
+
+def test_a_value_an_integer_site_cannot_hold_refuses():
+    torch.manual_seed(0)
+    model, x = Indices().eval(), torch.randn(2, 4)
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.trace(model, x, edits={"argmax_1": tl.edits.add(torch.tensor([0.5]))})
+    assert err.value.code == "edit_dtype_mismatch" and "int64" in err.value.message
+    trace = tl.trace(model, x, edits={"argmax_1": tl.edits.replace(torch.tensor([2.0, 5.0]))})
+    assert torch.equal(trace.output, model.table(torch.tensor([2, 5])).detach())

@@ -80,6 +80,18 @@ def resolve(text: str, addresses: Iterable[str], *, option: str, model_class: st
                "[op.label for op in tl.trace(model, x, save=None)]  # every op label"]) from None
 
 
+def expand_globs(texts: list[str], addresses: Iterable[str]) -> list[str]:
+    """``texts`` with each glob replaced by the module addresses it matches (in model order);
+    other strings as they are. A glob that matches nothing stays, for the caller to refuse."""
+    known = [a for a in addresses if a]
+    out: dict[str, None] = {}
+    for text in texts:
+        matched = [a for a in known if _glob(text).fullmatch(a)] if _GLOB.search(text) else []
+        for name in matched or [text]:
+            out[name] = None
+    return list(out)
+
+
 def _glob(text: str) -> re.Pattern:
     """A module-address glob as a regex: ``*`` within one part, ``**`` across parts."""
     parts = re.split(r"(\*\*|\*|\?)", text)

@@ -323,7 +323,16 @@ def fit(value: Tensor, part: Tensor, where: Where) -> Tensor:
         raise edit_error("edit_dtype_mismatch", where,
                          f"the edit at {where.site!r} gives {value.dtype}, which cannot be cast "
                          f"to the value's {part.dtype} without losing its imaginary part")
-    return value.to(device=part.device, dtype=part.dtype)
+    cast = value.to(device=part.device, dtype=part.dtype)
+    if value.dtype != part.dtype and not part.is_floating_point() and not part.is_complex() \
+            and not torch.equal(cast.to(value.dtype), value.to(cast.device)):
+        raise edit_error("edit_dtype_mismatch", where,
+                         f"the edit at {where.site!r} gives {value.dtype} values that the "
+                         f"value's {part.dtype} cannot hold (e.g. fractions in an integer "
+                         "tensor)", teach=[f"edits={{{where.site!r}: tl.edits.replace("
+                                           f"t.to(torch.{str(part.dtype).removeprefix('torch.')})"
+                                           ")}}  # cast it yourself, as you mean it"])
+    return cast
 
 
 def source_value(source: Any, where: Where) -> Tensor:

@@ -22,6 +22,7 @@ from ..capture.inference import outside_inference_mode
 from ..capture.inventory import Inventory
 from ..capture.meta import refuse_values
 from ..errors import InputError
+from ..sites import expand_globs
 from . import distributed
 from .dry_run import SAVE_TEACH, dry_run
 from .manifest import MANIFEST, RecordingError, header, merge, rank_manifest, read_json, write_json
@@ -133,7 +134,7 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     _check_options(save, reduce, dtype, to, batch_size)
     inv = checked_inventory(model, "record")
     refuse_values(model, "record", "recorded activations", inv)
-    save = list(save)
+    save = expand_globs(list(save), [address for address, _ in inv.modules])
     parse_save(save, model, inv)  # module addresses are checked now
     plan = plan_edits(edits, inv, model, False, "record")
     presplit = distributed.uses_distributed_sampler(inputs)
