@@ -55,8 +55,74 @@ def test_an_offloaded_model_is_captured_like_the_plain_one(kind, gpt2, tmp_path)
         r["layer"] not in ("", "lm_head")]
     receipt = summary.receipt
     assert receipt.verified and receipt.offloaded > 0 and not receipt.no_values
-    assert "offloaded tensors back in their homes" in str(summary)
+    assert "offloaded tensors are not in the state hash and their bytes were not read" in str(
+        summary)
     still = {n: p.device.type for n, p in model.named_parameters()}
     assert "meta" in still.values()  # weights went back where they were
     rec = tl.record(model, [{"input_ids": ids}], save=["transformer.h.0"], progress=False)
     assert torch.allclose(rec["transformer.h.0"], ref["transformer.h.0"].out, atol=1e-5)
+
+
+EMPTY_SHA256 = "e3b0c44298fc"  # sha256 of nothing: a hash that covers no tensor
+
+
+@pytest.mark.parametrize("kind,where", [("cpu_offload", "held in CPU memory by accelerate"),
+                                        ("disk_offload", "in files on disk"),
+                                        ("device_map", "in files on disk")])
+def test_an_offloaded_receipt_says_what_it_checked_and_what_not(kind, where, gpt2, tmp_path):
+    model = offloaded(kind, gpt2.path, tmp_path)
+    ids = gpt2.tokenizer("the quick brown fox", return_tensors="pt")["input_ids"]
+    summary = tl.summary(model, {"input_ids": ids})
+    line = str(summary).splitlines()[-1]
+    r = summary.receipt
+    assert r.verified and where in line and "bytes were not read" in line
+    assert r.offload_memory + r.offload_files == r.offloaded
+    if r.hashed == 0:  # everything offloaded: no hash is shown as if it had checked something
+        assert "no resident tensor to hash" in line and EMPTY_SHA256 not in line
+    else:  # device_map keeps some blocks resident: those are hashed
+        assert f"state hash {r.hash_after[:12]}" in line
+
+
+class Drift(torch.nn.Linear):
+    """A layer whose forward writes its own weight in place, on purpose."""
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.weight.add_(1.0)
+        return super().forward(x)
+
+
+class Rewrites(torch.nn.Linear):
+    """A layer whose forward rewrites the file accelerate offloaded its weight to."""
+
+    path = None
+
+    def forward(self, x):
+        with open(self.path, "r+b") as fh:
+            fh.write(b"\0" * 16)
+        return super().forward(x)
+
+
+def _pair(first):
+    return torch.nn.Sequential(first, torch.nn.Linear(4, 2)).eval()
+
+
+def test_a_forward_writing_an_offloaded_weight_is_caught(tmp_path):
+    from accelerate import cpu_offload, disk_offload
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 4)
+    kept = cpu_offload(_pair(Drift(4, 4)), execution_device="cpu")  # the write persists
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.summary(kept, x)
+    assert err.value.code == "state_restore_failed" and "0.weight" in err.value.message
+    # on disk, accelerate loads a fresh copy each call: the write is lost, the files unchanged
+    lost = disk_offload(_pair(Drift(4, 4)), str(tmp_path / "a"), execution_device="cpu")
+    assert tl.summary(lost, x).receipt.verified
+    layer = Rewrites(4, 4)
+    rewritten = disk_offload(_pair(layer), str(tmp_path / "b"), execution_device="cpu")
+    layer.path = tmp_path / "b" / "0.weight.dat"
+    assert layer.path.exists()
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.summary(rewritten, x)
+    assert err.value.code == "state_restore_failed" and "0.weight" in err.value.message

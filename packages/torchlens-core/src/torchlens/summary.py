@@ -233,7 +233,9 @@ class Summary:
                 f"{k} {v}" for k, v in r.materialized.items())
         if r.undone:
             extra += f"; {r.undone}"
-        return f"State: eval + no-grad, {state} (state hash {r.hash_after[:12]}){extra}"
+        hashed = f"state hash {r.hash_after[:12]}" if r.hashed else \
+            "no resident tensor to hash"
+        return f"State: eval + no-grad, {state} ({hashed}){extra}"
 
     def __repr__(self) -> str:
         return str(self)

@@ -7,6 +7,7 @@ it; tensors the hooks move to another device keep their edges. accelerate is nev
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -117,3 +118,44 @@ def homes(model: nn.Module, modules: list[nn.Module]) -> dict[str, str]:
             out[f"{base}.{local}" if base else local] = \
                 "offloaded: disk" if key in on_disk else "offloaded: cpu"
     return out
+
+
+def sources(model: nn.Module, modules: list[nn.Module]
+            ) -> tuple[list[tuple[str, Tensor]], list[tuple[str, str]]]:
+    """Where the offloaded tensors' bytes are between forwards: (name, tensor) of those
+    accelerate keeps in memory (``cpu_offload``'s state dict), (name, file) of those in files
+    (``disk_offload``'s ``.dat`` files, a checkpoint's safetensors file)."""
+    memory: list[tuple[str, Tensor]] = []
+    files: list[tuple[str, str]] = []
+    owners = {id(m): name for name, m in model.named_modules()}
+    for module in modules:
+        hook = module._hf_hook
+        weights = getattr(hook, "weights_map", None)
+        if not getattr(hook, "offload", False) or weights is None:
+            continue
+        prefix = getattr(weights, "prefix", "")
+        store = getattr(weights, "dataset", weights)
+        held = getattr(store, "state_dict", store)
+        index = getattr(store, "index", None) or {}
+        folder = getattr(store, "save_folder", None)
+        base = owners.get(id(module), "")
+        for local, _ in [*module.named_parameters(recurse=False),
+                         *module.named_buffers(recurse=False)]:
+            key, name = f"{prefix}{local}", f"{base}.{local}" if base else local
+            if isinstance(held, Mapping) and isinstance(held.get(key), Tensor):
+                memory.append((name, held[key]))
+            elif key in index:
+                path = index[key].get("safetensors_file") or (
+                    os.path.join(folder, f"{key}.dat") if folder is not None else None)
+                if path is not None:
+                    files.append((name, str(path)))
+    return memory, files
+
+
+def file_state(path: str) -> tuple[int, int] | None:
+    """(size, modification time in ns) of a file; None when it is gone."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_size, info.st_mtime_ns

@@ -36,7 +36,7 @@ from .compiled import eager
 from .cow import storage_key
 from .inventory import Inventory, inventory, module_paths
 from .meta import is_meta
-from .offload import homes
+from .offload import file_state, homes, sources
 from .watch import close_watch, guarded, open_watch
 
 
@@ -62,6 +62,11 @@ class Receipt:
         "extension) is not seen")
     no_values: int = 0  # meta tensors: shape, dtype and device verified, no bytes to hash
     offloaded: int = 0  # tensors accelerate keeps on cpu/disk between forwards: homes verified
+    # how the offloaded tensors were checked: kept in memory (writes watched, version counters
+    # compared) and in files (size and modification time compared); their bytes are not read
+    offload_memory: int = 0
+    offload_files: int = 0
+    hashed: int = 0  # resident tensors whose slot, storage and version the state hash covers
     restored_buffers: list[str] = field(default_factory=list)  # the body wrote them; put back
     restored_flags: list[str] = field(default_factory=list)  # modules the body set to training
     restored_requires_grad: list[str] = field(default_factory=list)  # parameters it flipped
@@ -81,9 +86,25 @@ class Receipt:
                          "(training flags and every tensor's name, shape, dtype and device "
                          "checked)")
         if self.offloaded:
-            parts.append(f"{self.offloaded} offloaded tensors back in their homes (cpu/disk)")
+            parts.append(self._offload_scope())
         return "; ".join(parts) or ("every tensor slot, storage and version counter; writes "
                                     "the capture saw; buffers byte for byte")
+
+    def _offload_scope(self) -> str:
+        """What was and was not checked of the offloaded tensors, in words."""
+        checked = []
+        if self.offload_memory:
+            checked.append(f"{self.offload_memory} held in CPU memory by accelerate: no in-place "
+                           "write the capture saw landed in them and their version counters did "
+                           "not move")
+        if self.offload_files:
+            checked.append(f"{self.offload_files} in files on disk: each file kept its size "
+                           "and modification time")
+        rest = self.offloaded - self.offload_memory - self.offload_files
+        if rest:
+            checked.append(f"{rest} whose home TorchLens cannot see: not checked")
+        return (f"{self.offloaded} offloaded tensors are not in the state hash and their bytes "
+                "were not read; they are back in their homes, " + "; ".join(checked))
 
     @property
     def undone(self) -> str:
@@ -107,7 +128,8 @@ class Receipt:
         meta = f", {self.no_values} meta tensors without values" if self.no_values else ""
         away = f", {self.offloaded} offloaded tensors home" if self.offloaded else ""
         undone = f", {self.undone}" if self.undone else ""
-        return f"<Receipt {state}: state {self.hash_after[:12]}{extra}{meta}{away}{undone}>"
+        hashed = f"state {self.hash_after[:12]}" if self.hashed else "no resident tensor hashed"
+        return f"<Receipt {state}: {hashed}{extra}{meta}{away}{undone}>"
 
 
 def _names(names: list[str], most: int = 5) -> str:
@@ -460,6 +482,9 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     modules = inv.paths
     offload = inv.hooked
     homes_before = homes(model, offload) if offload else {}
+    held, files = sources(model, offload) if offload else ([], [])
+    held_versions = {name: t._version for name, t in held}
+    files_before = {name: file_state(path) for name, path in files}
     skip = {**lazy_before, **homes_before}
     flags = [(name, m, m.training) for name, m in modules]
     hooks = _hooks(inv.modules)
@@ -468,7 +493,8 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
     copies = _copy_buffers(buffer_slots)
     state_before = _state(params + buffer_slots)
     watch = open_watch([(name, key, t) for name, _, _, t, _ in params
-                        if (key := state_before[name][1]) > 0])
+                        if (key := state_before[name][1]) > 0]
+                       + [(name, storage_key(t), t) for name, t in held])
     undone: dict[str, list[str]] = {}
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     devices = list(range(torch.cuda.device_count())) if cuda else []
@@ -512,7 +538,8 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
                    if key > 0 and key in watch.seen} - same
         changed = sorted(written | {
             name for name in {*state_before, *state_after} - set(materialized)
-            if state_before.get(name) != state_after.get(name)})
+            if state_before.get(name) != state_after.get(name)} | _offload_changed(
+            held, held_versions, files, files_before, watch, same))
         flags_back = all(module.training == flag for _, module, flag in flags)
         homes_back = (homes(model, offload) if offload else {}) == homes_before
         receipt = Receipt(
@@ -524,8 +551,9 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
             restored=["training flags", "rng state", "buffers", "hooks"],
             materialized=materialized,
             no_values=len({id(t) for _, _, _, t in slots_after if t.is_meta}),
-            offloaded=len(homes_before),
-            changed=changed, **{key: undone.get(key, []) for key in _UNDONE},
+            offloaded=len(homes_before), offload_memory=len(held), offload_files=len(files),
+            hashed=len(state_before), changed=changed,
+            **{key: undone.get(key, []) for key in _UNDONE},
         )
         box["receipt"] = receipt
         if not receipt.verified and error is None:
@@ -534,6 +562,16 @@ def _pinned(model: nn.Module, surface: str, grad: bool = False,
                                     "and reports no receipt",
                                     "inspect the forward for in-place writes to parameters or "
                                     "parameters assigned anew"])
+
+
+def _offload_changed(held: list, versions: dict, files: list, before: dict, watch: Any,
+                     same: set[str]) -> set[str]:
+    """The offloaded tensors a forward changed at home: one held in memory that a write the
+    capture saw landed in (unless it kept its bytes) or whose version counter moved, one whose
+    file changed size or modification time."""
+    changed = {name for name, t in held if name not in same and (
+        storage_key(t) in watch.seen or t._version != versions[name])}
+    return changed | {name for name, path in files if file_state(path) != before[name]}
 
 
 def _mismatch(surface: str, r: Receipt) -> str:
@@ -546,7 +584,8 @@ def _mismatch(surface: str, r: Receipt) -> str:
         how = (f"state hash {r.hash_before[:12]} -> {r.hash_after[:12]}"
                if r.hash_before != r.hash_after else
                "an in-place write the capture saw landed in their storage, through an alias "
-               "with a version counter of its own such as .data")
+               "with a version counter of its own such as .data, or in the copy accelerate "
+               "keeps of an offloaded weight, or an offloaded weight's file changed")
         what.append(f"tensors {_names(r.changed)} differ after the restore ({how}): the forward "
                     "mutated state that TorchLens does not restore (e.g. an in-place write to a "
                     "parameter)")
