@@ -98,10 +98,9 @@ def quiet_hooks(model: nn.Module, modules: list[nn.Module], state: Any) -> Itera
             module._hf_hook = hook
 
 
-def homes(model: nn.Module, modules: list[nn.Module]) -> dict[str, str]:
-    """Where each offloaded parameter or buffer lives between forwards: "offloaded: disk" or
-    "offloaded: cpu" (its module's hook holds it); others are absent (their device says)."""
-    out: dict[str, str] = {}
+def _offloaded(model: nn.Module, modules: list[nn.Module]) -> Iterator[tuple[str, str, Any]]:
+    """(name, key in its hook's weights map, the map's store) of every offloaded parameter and
+    buffer, through the modules whose accelerate hook offloads them."""
     owners = {id(m): name for name, m in model.named_modules()}
     for module in modules:
         hook = module._hf_hook
@@ -110,14 +109,17 @@ def homes(model: nn.Module, modules: list[nn.Module]) -> dict[str, str]:
             continue
         prefix = getattr(weights, "prefix", "")
         store = getattr(weights, "dataset", weights)
-        on_disk = getattr(store, "index", {}) or {}
         base = owners.get(id(module), "")
         for local, _ in [*module.named_parameters(recurse=False),
                          *module.named_buffers(recurse=False)]:
-            key = f"{prefix}{local}"
-            out[f"{base}.{local}" if base else local] = \
-                "offloaded: disk" if key in on_disk else "offloaded: cpu"
-    return out
+            yield f"{base}.{local}" if base else local, f"{prefix}{local}", store
+
+
+def homes(model: nn.Module, modules: list[nn.Module]) -> dict[str, str]:
+    """Where each offloaded parameter or buffer lives between forwards: "offloaded: disk" or
+    "offloaded: cpu" (its module's hook holds it); others are absent (their device says)."""
+    return {name: "offloaded: disk" if key in (getattr(store, "index", None) or {})
+            else "offloaded: cpu" for name, key, store in _offloaded(model, modules)}
 
 
 def sources(model: nn.Module, modules: list[nn.Module]
@@ -127,28 +129,17 @@ def sources(model: nn.Module, modules: list[nn.Module]
     (``disk_offload``'s ``.dat`` files, a checkpoint's safetensors file)."""
     memory: list[tuple[str, Tensor]] = []
     files: list[tuple[str, str]] = []
-    owners = {id(m): name for name, m in model.named_modules()}
-    for module in modules:
-        hook = module._hf_hook
-        weights = getattr(hook, "weights_map", None)
-        if not getattr(hook, "offload", False) or weights is None:
-            continue
-        prefix = getattr(weights, "prefix", "")
-        store = getattr(weights, "dataset", weights)
+    for name, key, store in _offloaded(model, modules):
         held = getattr(store, "state_dict", store)
         index = getattr(store, "index", None) or {}
         folder = getattr(store, "save_folder", None)
-        base = owners.get(id(module), "")
-        for local, _ in [*module.named_parameters(recurse=False),
-                         *module.named_buffers(recurse=False)]:
-            key, name = f"{prefix}{local}", f"{base}.{local}" if base else local
-            if isinstance(held, Mapping) and isinstance(held.get(key), Tensor):
-                memory.append((name, held[key]))
-            elif key in index:
-                path = index[key].get("safetensors_file") or (
-                    os.path.join(folder, f"{key}.dat") if folder is not None else None)
-                if path is not None:
-                    files.append((name, str(path)))
+        if isinstance(held, Mapping) and isinstance(held.get(key), Tensor):
+            memory.append((name, held[key]))
+        elif key in index:
+            path = index[key].get("safetensors_file") or (
+                os.path.join(folder, f"{key}.dat") if folder is not None else None)
+            if path is not None:
+                files.append((name, str(path)))
     return memory, files
 
 

@@ -8,6 +8,7 @@ trace's provenance keeps: the kind, the index, shapes and a hash of any tensor a
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -63,7 +64,7 @@ def index_text(index: Any) -> str | None:
     return "[" + ", ".join(parts) + "]"
 
 
-class Edit:
+class Edit(ABC):
     """Base of every edit. ``index`` selects the part of the value it touches (positions, a
     head after the reshape that splits heads, a channel); ``item`` which tensor of a module's
     tuple or model-output object (default: the first)."""
@@ -80,9 +81,9 @@ class Edit:
         self.index = tuple(index) if isinstance(index, list) else index
         self.item = item
 
+    @abstractmethod
     def new(self, part: Tensor, where: Where) -> Tensor:
         """The edited value of ``part`` (the value, or its ``index``ed part)."""
-        raise NotImplementedError
 
     def check(self, site: str, plan: Any) -> None:
         """Refusals that need no forward (a patch source missing the site, say)."""
