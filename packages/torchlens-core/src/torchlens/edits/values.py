@@ -85,7 +85,7 @@ class Edit(ABC):
     def new(self, part: Tensor, where: Where) -> Tensor:
         """The edited value of ``part`` (the value, or its ``index``ed part)."""
 
-    def check(self, site: str, plan: Any) -> None:
+    def check(self, site: str, plan: Any) -> None:  # noqa: B027  (most edits need no check)
         """Refusals that need no forward (a patch source missing the site, say)."""
 
     def describe(self) -> dict[str, Any]:
