@@ -49,6 +49,13 @@ def torchlens_load_model(path, meta):
 
 
 @hookspec
+def torchlens_tied_parameters(model):
+    """Parameters the model declares to be one tensor, as ``{alias name: source name}`` (e.g. a
+    language model's output embedding tied to its input embedding), or None. Used where tensor
+    identity cannot tell: weights offloaded by accelerate are separate placeholders per module."""
+
+
+@hookspec
 def torchlens_renderers():
     """Rendering backends: a mapping of renderer name to a renderer class."""
 

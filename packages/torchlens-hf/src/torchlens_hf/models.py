@@ -159,3 +159,14 @@ def _on_meta(cls: Any, config: Any) -> nn.Module:
     if isinstance(dtype, torch.dtype):
         model = model.to(dtype)
     return model.eval()
+
+
+def tied_parameters(model: nn.Module) -> dict[str, str] | None:
+    """``{alias: source}`` of the weights a transformers model ties (its config decides: an
+    untied ``tie_word_embeddings=False`` model declares none), or None for other models."""
+    if not is_hf_model(model):
+        return None
+    ties = getattr(model, "all_tied_weights_keys", None)
+    if ties is None and hasattr(model, "get_expanded_tied_weights_keys"):
+        ties = model.get_expanded_tied_weights_keys(all_submodels=True)
+    return dict(ties) if isinstance(ties, dict) else None

@@ -41,6 +41,12 @@ def torchlens_refusal_teach(model: nn.Module) -> list[str] | None:
 
 
 @hookimpl
+def torchlens_tied_parameters(model: nn.Module) -> dict[str, str] | None:
+    """The weights a transformers model ties, as its config says."""
+    return models.tied_parameters(model)
+
+
+@hookimpl
 def torchlens_decode_output(trace, k: int) -> DecodedOutput | None:
     """Next token, labels or mask fills for a gold trace of an HF model."""
     return decode.decode_output(trace, k)

@@ -98,4 +98,8 @@ def inventory(model: nn.Module) -> Inventory:
                     elif b.is_meta:
                         has_meta = True
     inv.has_meta = has_meta
+    if inv.hooked:  # offloaded weights are placeholders per module: tied ones look untied
+        from .offload import tie_offloaded
+
+        tie_offloaded(model, inv)
     return inv

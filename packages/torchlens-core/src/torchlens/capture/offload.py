@@ -115,6 +115,85 @@ def _offloaded(model: nn.Module, modules: list[nn.Module]) -> Iterator[tuple[str
             yield f"{base}.{local}" if base else local, f"{prefix}{local}", store
 
 
+def _key(t: Tensor) -> tuple:
+    return t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.storage_offset()
+
+
+def offloaded_ties(model: nn.Module, modules: list[nn.Module]) -> dict[str, str]:
+    """``{alias: source}`` of offloaded parameters that are one tensor where accelerate keeps
+    them: the same tensor in ``cpu_offload``'s state dict, the same tensor of the same
+    checkpoint file in a ``device_map`` index. Each alias points at the first name seen."""
+    first: dict[tuple, str] = {}
+    out: dict[str, str] = {}
+    for name, key, store in _offloaded(model, modules):
+        held = getattr(store, "state_dict", store)
+        entry = (getattr(store, "index", None) or {}).get(key)
+        if isinstance(held, Mapping) and isinstance(held.get(key), Tensor):
+            where: tuple = ("memory", *_key(held[key]))
+        elif isinstance(entry, Mapping) and entry.get("safetensors_file"):
+            where = ("file", entry["safetensors_file"], entry.get("weight_name", key))
+        else:
+            continue
+        source = first.setdefault(where, name)
+        if source != name:
+            out[name] = source
+    return out
+
+
+def _declared_ties(model: nn.Module) -> dict[str, str]:
+    """``{alias: source}`` the model's library declares (plugins, e.g. transformers' tied keys)."""
+    from ..plugins import hook
+
+    out: dict[str, str] = {}
+    for ties in hook().torchlens_tied_parameters(model=model):
+        out.update(ties or {})
+    return out
+
+
+def tie_offloaded(model: nn.Module, inv: Any) -> None:
+    """Count a tied parameter once when offloading split it into placeholders: an alias found in
+    accelerate's store, or declared by the model, joins its source (``inv.aliases``, the id
+    table); a declared tie between two resident, distinct tensors is not one and is ignored."""
+    params = dict(inv.params)
+    offloaded = {name for name, _, _ in _offloaded(model, inv.hooked)}
+    ties = _declared_ties(model)
+    ties = {a: s for a, s in ties.items() if a in offloaded or s in offloaded}
+    ties.update(offloaded_ties(model, inv.hooked))
+    order = {name: i for i, (name, _) in enumerate(inv.params)}
+
+    def root(name: str) -> str:
+        seen = set()
+        while name in ties and name not in seen:
+            seen.add(name)
+            name = ties[name]
+        return name
+
+    merged: dict[str, str] = {}
+    for alias in ties:
+        a, s = alias, root(alias)
+        if a == s or a not in params or s not in params:
+            continue
+        pa, ps = params[a], params[s]
+        if pa.shape != ps.shape or pa.dtype != ps.dtype:
+            continue
+        merged[a] = s
+    if not merged:
+        return
+    groups: dict[str, list[str]] = {}
+    for alias, source in merged.items():
+        groups.setdefault(source, [source]).append(alias)
+    for names in groups.values():
+        names.sort(key=order.__getitem__)
+        head, rest = names[0], names[1:]
+        for alias in rest:
+            inv.param_ids[id(params[alias])] = head
+            inv.aliases.setdefault(head, []).append(alias)
+            inv.aliases.setdefault(head, []).extend(inv.aliases.pop(alias, []))
+    dropped = {alias for names in groups.values() for alias in sorted(
+        names, key=order.__getitem__)[1:]}
+    inv.params[:] = [(name, p) for name, p in inv.params if name not in dropped]
+
+
 def homes(model: nn.Module, modules: list[nn.Module]) -> dict[str, str]:
     """Where each offloaded parameter or buffer lives between forwards: "offloaded: disk" or
     "offloaded: cpu" (its module's hook holds it); others are absent (their device says)."""

@@ -33,12 +33,14 @@ def rank_manifest(rank: int) -> str:
 
 
 def fingerprint(model: nn.Module) -> dict[str, Any]:
-    """What identifies the model a store was written by: class, parameter count, state hash."""
+    """What identifies the model a store was written by: class, parameter count (a tied weight
+    once, offloaded or not), state hash."""
+    from ..capture.inventory import inventory
     from ..capture.policy import state_hash
 
     cls = type(model)
     return {"class": f"{cls.__module__}.{cls.__qualname__}",
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": sum(p.numel() for _, p in inventory(model).params),
             "state_hash": state_hash(model)}
 
 
