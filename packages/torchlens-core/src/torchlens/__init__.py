@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .compare import compare  # noqa: E402
 from .errors import TorchLensError, TorchLensWarning  # noqa: E402
 from .hookspecs import hookimpl  # noqa: E402
 from .recording import record  # noqa: E402
@@ -17,7 +18,7 @@ from .verbs import draw, load, summary, trace  # noqa: E402
 
 __all__ = [
     "Module", "ModuleCall", "Op", "Trace", "TorchLensError", "TorchLensWarning", "hookimpl",
-    "Summary", "draw", "load", "record", "summary", "trace",
+    "Summary", "compare", "draw", "load", "record", "summary", "trace",
 ]
 SUBMODULES = ("debug", "types", "viz", "recording", "validation", "plugins", "errors", "edits",
               "sites", "patching")

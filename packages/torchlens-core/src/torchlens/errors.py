@@ -93,6 +93,8 @@ CODES: dict[str, str] = {
                    "whose shape depends on values; re-run instead",
     "patching_inputs_mismatch": "a patching sweep's clean and corrupt inputs differ in shape",
     "patching_batch_unsafe": "a batched patching cell differs from the same cell alone",
+    "compare_input_invalid": "tl.compare was given neither two traces, two models and an "
+                             "input, nor one model and two inputs",
     "drawing_too_large": "a static drawing too large for dot to lay out in seconds (refused "
                          "before layout)",
 }

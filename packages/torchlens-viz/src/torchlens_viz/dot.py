@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 
 from torchlens.viz import GraphView, ViewCluster, ViewNode
 
@@ -30,7 +31,7 @@ def build_dot(view: GraphView) -> str:
     members: dict[str | None, list[ViewNode]] = {}
     for node in view.nodes:
         members.setdefault(node.cluster, []).append(node)
-    _emit(view, None, children, members, lines, 1)
+    _emit(view, None, children, members, lines, 1, _diff_scale(view))
     for edge in view.edges:
         label = f' [label="  {_quote(edge.label)}"]' if edge.label else ""
         lines.append(f"{INDENT}{edge.tail} -> {edge.head}{label};")
@@ -39,11 +40,11 @@ def build_dot(view: GraphView) -> str:
 
 
 def _emit(view: GraphView, cluster_id: str | None, children: dict, members: dict,
-          lines: list[str], level: int) -> None:
+          lines: list[str], level: int, scale: tuple[float, float] | None) -> None:
     """Write the nodes of one cluster (None: top level), then its child clusters, recursively."""
     pad = INDENT * level
     for node in members.get(cluster_id, ()):
-        lines.append(f"{pad}{node.id} [{_node_attrs(view, node)}];")
+        lines.append(f"{pad}{node.id} [{_node_attrs(view, node, scale)}];")
     for cluster in children.get(cluster_id, ()):
         t = view.theme
         folded = cluster.count > 1  # one copy standing for N: tinted, with a heavier border
@@ -56,14 +57,17 @@ def _emit(view: GraphView, cluster_id: str | None, children: dict, members: dict
             f'fillcolor="{fill}", color="{t.cluster_border}", fontsize=10, labeljust=l, '
             f'fontcolor="{t.muted_font}", margin=8, penwidth={width}];'
         )
-        _emit(view, cluster.id, children, members, lines, level + 1)
+        _emit(view, cluster.id, children, members, lines, level + 1, scale)
         lines.append(f"{pad}}}")
 
 
-def _node_attrs(view: GraphView, node: ViewNode) -> str:
+def _node_attrs(view: GraphView, node: ViewNode, scale: tuple[float, float] | None = None
+                ) -> str:
     t = view.theme
+    diff = _diff_attrs(view, node, scale) if "diff" in view.meta else []
+    muted = "#ffffff" if 'fontcolor="#ffffff"' in diff else t.muted_font
     label = _bold(node.title) + "".join(
-        f'<br/><font point-size="8" color="{t.muted_font}">{html.escape(line)}</font>'
+        f'<br/><font point-size="8" color="{muted}">{html.escape(line)}</font>'
         for line in node.lines
     )
     attrs = [f"label=<{label}>"]
@@ -80,10 +84,46 @@ def _node_attrs(view: GraphView, node: ViewNode) -> str:
         attrs.append(f'style="{_style("rounded,dashed", t.filled)}"')
     elif node.count > 1:
         attrs.append(f'fillcolor="{t.fold_fill}"')
+    attrs += diff
     if node.edited:  # an edit fired here: a heavy orange dashed border, whatever the theme
         attrs += ['color="#e8710a"', "penwidth=3.5", 'style="' + _style(
             "rounded,dashed" if node.kind != "module" else "dashed", view.theme.filled) + '"']
     return ", ".join(attrs)
+
+
+DIFF_RAMP = ("#fff1e0", "#fd8d3c", "#a63603")  # light to dark: small to large differences
+STATUS_BORDER = {"added": "#1a7f37", "removed": "#cf222e", "changed": "#8250df"}
+
+
+def _diff_scale(view: GraphView) -> tuple[float, float] | None:
+    """log10 of the smallest and largest nonzero difference drawn (None: no difference)."""
+    values = [n.diff for n in view.nodes if n.diff]
+    return (math.log10(min(values)), math.log10(max(values))) if values else None
+
+
+def _diff_attrs(view: GraphView, node: ViewNode, scale: tuple[float, float] | None
+                ) -> list[str]:
+    """A diff drawing: the fill by relative difference (log scale over the drawing; equal or
+    not compared: the theme's fill), a dashed border for ops on one side only."""
+    attrs = []
+    if node.diff and scale:
+        lo, hi = scale
+        t = (math.log10(node.diff) - lo) / (hi - lo) if hi > lo else 1.0
+        fill = _mix(*DIFF_RAMP[:2], t * 2) if t < 0.5 else _mix(*DIFF_RAMP[1:], t * 2 - 1)
+        attrs.append(f'fillcolor="{fill}"')
+        if t > 0.6:
+            attrs.append('fontcolor="#ffffff"')
+    border = STATUS_BORDER.get(node.status)
+    if border:
+        dashed = "dashed" if node.status != "changed" else ""
+        attrs += [f'color="{border}"', "penwidth=2.5", 'style="' + _style(
+            ",".join(p for p in ("rounded", dashed) if p), view.theme.filled) + '"']
+    return attrs
+
+
+def _mix(a: str, b: str, t: float) -> str:
+    x, y = (int(a[i:i + 2], 16) for i in (1, 3, 5)), (int(b[i:i + 2], 16) for i in (1, 3, 5))
+    return "#" + "".join(f"{round(u + (v - u) * t):02x}" for u, v in zip(x, y))
 
 
 def _style(base: str, filled: bool) -> str:

@@ -11,7 +11,17 @@ from ..errors import LookupFailed
 from .collapse import Remap, Structure, expanded_calls, fold_repeats, roll_passes
 from .groups import Synthetic, group_stacks, is_synthetic
 from .options import DrawOptions, check_options
-from .view import GraphView, ViewCluster, ViewEdge, ViewNode, detail_line, edit_line, format_shape
+from .view import (
+    GraphView,
+    ViewCluster,
+    ViewEdge,
+    ViewNode,
+    detail_line,
+    diff_line,
+    edit_line,
+    format_shape,
+    largest_diff,
+)
 
 
 def build_view(trace: Any, options: DrawOptions | None = None, **dials: Any) -> GraphView:
@@ -28,6 +38,8 @@ class _Builder:
         for row in trace.edits if trace.edited else ():
             if row["fired"]:
                 self.edited.setdefault(row["label"], []).append(row)
+        self.diff = trace.meta.get("diff")  # a diff drawing: each op's difference in op.meta
+        self.diff_names = (self.diff["a"], self.diff["b"]) if self.diff else ("", "")
         self.nodes: dict[str, ViewNode] = {}
         self.clusters: dict[str, ViewCluster] = {}
         self.edges: dict[tuple[str, str], ViewEdge] = {}
@@ -51,19 +63,24 @@ class _Builder:
             title=self.title(), nodes=list(self.nodes.values()), edges=list(self.edges.values()),
             clusters=list(self.clusters.values()), theme=opts.theme, direction=opts.direction,
             meta={"model_class": trace.meta.get("model_class", ""), "collapse": opts.collapse,
-                  "module": opts.module, "ops": len(self.scoped), "folded": self._folds()},
+                  "module": opts.module, "ops": len(self.scoped), "folded": self._folds(),
+                  **({"diff": self.diff} if self.diff else {})},
         )
 
     def title(self) -> str:
         """The drawing's title: the model class, and the ``module=`` scope when there is one."""
         module = self.opts.module
-        return self.trace.meta.get("model_class", "model") + (f" · {module}" if module else "") \
-            + (" · EDITED" if self.trace.edited else "")
+        return ("Diff " if self.diff else "") + self.trace.meta.get("model_class", "model") \
+            + (f" · {module}" if module else "") + (" · EDITED" if self.trace.edited else "")
 
     def edits_in(self, labels: list[str]) -> list[dict]:
         """The fired edits at any of ``labels``."""
         return [row for label in labels for row in self.edited.get(label, ())] \
             if self.edited else []
+
+    def diffs_in(self, labels: list[str]) -> list[dict]:
+        """The differences of ``labels`` in a diff drawing (empty otherwise)."""
+        return [self.by_label[label].meta["diff"] for label in labels] if self.diff else []
 
     def prepare(self, *, fold: bool, roll: bool, loops: bool, segment: int | None) -> None:
         """Scope the ops, group loops and segments, fold and roll: the call trees to draw.
@@ -194,8 +211,13 @@ class _Builder:
         edits = self.edits_in([op.label])
         if edits:
             lines.append(edit_line(edits))
-        return ViewNode(node_id, op.kind, title, [line for line in lines if line], shape, params,
+        node = ViewNode(node_id, op.kind, title, [line for line in lines if line], shape, params,
                         count, edited=bool(edits))
+        if self.diff:
+            d = op.meta["diff"]
+            node.diff, node.status = d["relative"], d["status"]
+            node.lines.append(diff_line(d, self.diff_names))
+        return node
 
     def _call_node(self, node_id: str, key: str, cluster: str | None) -> ViewNode:
         call = self.structure.calls[key]
@@ -220,8 +242,11 @@ class _Builder:
         edits = self.edits_in([op for m in members for op in self.full.calls[m].ops])
         if edits:
             lines.append(edit_line(edits))
-        return ViewNode(node_id, "module", title, [line for line in lines if line], shape,
-                        params, count, ops=len(call.ops) * count, edited=bool(edits))
+        worst, where = largest_diff(self.diffs_in([op for m in members
+                                                   for op in self.full.calls[m].ops]))
+        return ViewNode(node_id, "module", title, [line for line in lines + [where] if line],
+                        shape, params, count, ops=len(call.ops) * count, edited=bool(edits),
+                        diff=worst)
 
     def _call_name(self, key: str, cluster: str | None = None) -> str:
         """``layer1.0`` (``conv1`` inside the ``layer1.0`` cluster); ``cell:2``: an unrolled pass.
@@ -243,10 +268,16 @@ class _Builder:
         """A cluster's label: ``attn: GPT2Attention``, ``GPT2Block ×12 · transformer.h.0–11``."""
         call = self.structure.calls[key]
         count = self.remap.count.get(key, 1)
+        worst = ""
+        if self.diff:
+            members = self.remap.members.get(key, [key])
+            worst = largest_diff(self.diffs_in([op for m in members
+                                                for op in self.full.calls[m].ops]))[1]
+            worst = f" · {worst}" if worst else ""
         if self.remap.kind.get(key) == "fold":
-            return f"{call.type} ×{count} · {self._span(key, cluster)}"
+            return f"{call.type} ×{count} · {self._span(key, cluster)}{worst}"
         name = self._call_name(key, cluster)
-        return f"{name}: {call.type}" + (f" ×{count}" if count > 1 else "")
+        return f"{name}: {call.type}" + (f" ×{count}" if count > 1 else "") + worst
 
     def _span(self, key: str, cluster: str | None = None) -> str:
         """``transformer.h.0–11`` for a fold of ``transformer.h.0`` … ``transformer.h.11``."""

@@ -21,7 +21,7 @@ from .collapse import expanded_calls
 from .groups import is_synthetic
 from .options import DrawOptions
 from .themes import Theme
-from .view import detail_line, edit_line, format_shape
+from .view import detail_line, diff_line, edit_line, format_shape, largest_diff
 
 PAGE_SCHEMA = 1
 SEGMENT = 32  # at most this many items on one level of the page's tree
@@ -72,6 +72,7 @@ class _Page:
             "direction": opts.direction,
             "theme": asdict(opts.theme),
             "banner": _banner(b.trace),
+            "diff": self._diff(),
             "ops": self._ops(),
             "calls": [self._call(key) for key in b.full.calls],
             "root": [self._item(kind, name) for kind, name in b.full.root],
@@ -92,7 +93,8 @@ class _Page:
         b, remap = self.b, self.b.remap
         cols: dict[str, list[Any]] = {name: [] for name in (
             "label", "func", "kind", "module", "shape", "dtype", "params", "flops", "time_ns",
-            "bytes", "parents", "stack", "alias", "group", "run", "lines", "edited")}
+            "bytes", "parents", "stack", "alias", "group", "run", "lines", "edited", "diff",
+            "dinfo")}
         runs = self._runs()
         for op in b.scoped:
             label = op.label
@@ -118,20 +120,34 @@ class _Page:
             cols["lines"].append(self._op_lines(op, shape, params))
             edits = b.edits_in([label])  # the largest change an edit made here, or None
             cols["edited"].append(max(row["norm"] for row in edits) if edits else None)
+            d = op.meta.get("diff") if b.diff else None  # a diff drawing: each op's difference
+            cols["diff"].append(d["relative"] if d else None)
+            cols["dinfo"].append(d)
         return cols
+
+    def _diff(self) -> dict[str, Any] | None:
+        """What a diff page says of the pair: names, tolerance, the first divergence's op."""
+        diff = self.b.diff
+        if not diff:
+            return None
+        first = diff.get("first")
+        return {**diff, "first_op": self.op_ids.get(first) if first else None}
 
     def _op_lines(self, op: Any, shape: str, params: int) -> list[str]:
         """What the op's box says under its label (the static drawing's lines)."""
         lines = []
-        stack = self.b.stacks[op.label]
+        b = self.b
+        stack = b.stacks[op.label]
         if stack and len(self.b.full.calls[stack[-1]].ops) == 1 and not is_synthetic(stack[-1]):
             call = self.b.full.calls[stack[-1]]
             lines.append(f"{self._name(stack[-1])} · {call.type}")
         elif op.kind == "input" and isinstance(op.slot, str) and not op.slot.isdigit():
             lines.append(op.slot)
         detail = detail_line(shape, params, op.dtype)
-        edits = self.b.edits_in([op.label])
-        return [line for line in lines + [detail] + ([edit_line(edits)] if edits else []) if line]
+        edits = b.edits_in([op.label])
+        diff = [diff_line(op.meta["diff"], b.diff_names)] if b.diff else []
+        return [line for line in lines + [detail] + ([edit_line(edits)] if edits else []) + diff
+                if line]
 
     def _runs(self) -> dict[str, list[int]]:
         """op → [fold group, member index]: edges between copies of a fold are not drawn."""
@@ -183,16 +199,18 @@ class _Page:
         member_of = self.member_of.get(key, -1)
         edits = b.edits_in(call.ops)
         edited = edit_line(edits) if edits else ""
+        worst, where = largest_diff(b.diffs_in(call.ops))
         return {
             "key": key, "address": call.address, "type": call.type, "pass": call.pass_num,
             "kind": kind, "depth": call.depth,
             "parent": self.call_ids[call.parent] if call.parent is not None else -1,
             "items": [self._item(k, n) for k, n in call.children],
             "title": name,
-            "lines": [line for line in (call.type, detail_line(shape_text, params), edited)
+            "lines": [line for line in (call.type, detail_line(shape_text, params), edited, where)
                       if line],
-            "edited": bool(edits),
-            "cluster": f"{name}: {call.type}" if kind == "module" else f"{call.type} · {name}",
+            "edited": bool(edits), "diff": worst,
+            "cluster": (f"{name}: {call.type}" if kind == "module" else f"{call.type} · {name}")
+            + (f" · {where}" if where else ""),
             "atomic": len(call.ops) == 1 and not call.children[0][0] == "call",
             "params": params, "flops": sum(flops) if flops else None, "time_ns": time_ns,
             "bytes": sum(op.nbytes for op in ops), "ops": len(call.ops), "shape": shape_text,
@@ -210,6 +228,7 @@ class _Page:
         calls = [b.full.calls[m] for m in members]
         flops = [op.flops for c in calls for op in (b.by_label[x] for x in c.ops)
                  if op.flops is not None]
+        worst, where = largest_diff(b.diffs_in([x for c in calls for x in c.ops]))
         return {
             "kind": b.remap.kind[rep], "rep": self.call_ids[rep], "count": len(members),
             "members": [self.call_ids[m] for m in members],
@@ -217,7 +236,7 @@ class _Page:
             "params": node.params, "flops": sum(flops) if flops else None,
             "time_ns": sum(b.by_label[x].time_ns for c in calls for x in c.ops),
             "bytes": sum(b.by_label[x].nbytes for c in calls for x in c.ops),
-            "ops": sum(len(c.ops) for c in calls),
+            "ops": sum(len(c.ops) for c in calls), "diff": worst, "diff_line": where,
         }
 
 

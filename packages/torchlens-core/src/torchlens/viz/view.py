@@ -36,6 +36,10 @@ class ViewNode:
     cluster: str | None = None
     ops: int = 1
     edited: bool = False  # an edit (``edits=``) fired at this op or inside this call
+    # a diff drawing (``cmp.draw``): the largest relative difference here (None: none compared)
+    # and, for an op, "matched", "changed", "added" (second run only) or "removed" (first only)
+    diff: float | None = None
+    status: str = ""
 
 
 @dataclass
@@ -87,6 +91,33 @@ def edit_line(rows: list[dict[str, Any]]) -> str:
     if len(rows) == 1:
         return f"EDITED {rows[0]['kind']} · change {rows[0]['norm']:.3g}"
     return f"EDITED ×{len(rows)} · largest change {max(r['norm'] for r in rows):.3g}"
+
+
+def diff_line(d: dict[str, Any], names: tuple[str, str]) -> str:
+    """What a diffed op's box says: on one side only, what changed, or how far apart."""
+    if d["status"] == "removed":
+        return f"REMOVED: only in {names[0]}"
+    if d["status"] == "added":
+        return f"ADDED: only in {names[1]}"
+    head = "; ".join(d["changes"]) + " · " if d["changes"] else ""
+    if d["values"] != "compared":
+        return head + d["values"]
+    if d["relative"] == 0 and d["max_abs"] == 0:
+        return head + "equal"
+    return head + f"Δ rel {d['text']['relative']} · cos {d['text']['cosine']}"
+
+
+def largest_diff(diffs: list[dict[str, Any]]) -> tuple[float | None, str]:
+    """The largest relative difference among ops and the box line saying where it is."""
+    sides = [f"{n} {status}" for status in ("added", "removed")
+             if (n := sum(d["status"] == status for d in diffs))]
+    compared = [d for d in diffs if d["relative"] is not None]
+    if not compared:
+        return None, " · ".join(sides)
+    worst = max(compared, key=lambda d: d["relative"])
+    line = "all equal" if worst["relative"] == 0 else \
+        f"largest Δ rel {worst['text']['relative']} at {worst['b']}"
+    return worst["relative"], " · ".join([line, *sides])
 
 
 def format_shape(shape: Sequence[int | None] | None) -> str:
