@@ -1,4 +1,4 @@
-"""The ``torchlens`` command line: summary, draw, record, show and plugins.
+"""The ``torchlens`` command line: summary, draw, record, show, diff and plugins.
 
 Exit codes: 0 success, 2 bad usage, 3 a TorchLens refusal (its code and teach are printed),
 4 the model target could not be loaded, 1 anything else.
@@ -156,6 +156,17 @@ def _show(args) -> int:
     return EXIT_OK
 
 
+def _diff(args) -> int:
+    import torchlens as tl
+
+    cmp = tl.compare(args.a, args.b, atol=args.atol, rtol=args.rtol)
+    print(cmp)
+    if args.output:
+        cmp.draw(path=args.output, collapse=_collapse(args.collapse))
+        print(f"wrote {args.output}")
+    return EXIT_OK
+
+
 def _plugins(args) -> int:
     from .plugins import core_version, list_plugins
 
@@ -207,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.add_argument("--limit", type=int, default=40)
     p.set_defaults(run=_show)
+    p = sub.add_parser("diff", help="compare two saved trace files op by op")
+    p.add_argument("a", help="the reference trace file")
+    p.add_argument("b", help="the trace file compared with it")
+    p.add_argument("-o", "--output", help="also draw the diff (diff.html: the viewer in diff "
+                   "mode; .svg/.pdf/.png: static)")
+    p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (1e-5)")
+    p.add_argument("--rtol", type=float, default=1.3e-6, help="relative tolerance (1.3e-6)")
+    p.add_argument("--collapse", default="none", help="none, auto, modules or a depth")
+    p.set_defaults(run=_diff)
     p = sub.add_parser("plugins", help="list installed plugins")
     p.set_defaults(run=_plugins)
     return parser

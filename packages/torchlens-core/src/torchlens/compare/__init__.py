@@ -29,13 +29,13 @@ def _is_trace(value: Any) -> bool:
 
 
 def compare(a: Any, b: Any, x: Any = ABSENT, /, *, atol: float = ATOL, rtol: float = RTOL,
-            save: Any = "all", input_kwargs: dict | None = None, **trace_options: Any
+            save: Any = ABSENT, input_kwargs: dict | None = None, **trace_options: Any
             ) -> Comparison:
     """Match the ops of two runs and measure how their values differ.
 
     Two Traces or trace files compare as they are. ``(model_a, model_b, x)`` traces both models
     on ``x``; ``(model, x, y)`` traces one model on ``x`` and on ``y`` (each input through the
-    input ladder, ``save=`` and other ``tl.trace`` options apply to both). ``atol``/``rtol``:
+    input ladder; ``save=`` (default "all") and other ``tl.trace`` options apply to both). ``atol``/``rtol``:
     the tolerance values are judged by (``torch.testing``'s float32 defaults). Traces of
     different models refuse nothing: the ops one side lacks are the answer.
     """
@@ -44,12 +44,14 @@ def compare(a: Any, b: Any, x: Any = ABSENT, /, *, atol: float = ATOL, rtol: flo
     if atol < 0 or rtol < 0:
         raise InputTypeError(f"atol={atol!r} and rtol={rtol!r} must be >= 0",
                              code="option_invalid", teach=["tl.compare(a, b, atol=1e-4)"])
+    if save is not ABSENT:
+        trace_options["save"] = save
     if x is ABSENT and _is_trace(a) and _is_trace(b) and not trace_options and \
             input_kwargs is None:
         ta = a if not isinstance(a, (str, os.PathLike)) else load(a)
         tb = b if not isinstance(b, (str, os.PathLike)) else load(b)
         return Comparison(ta, tb, atol=atol, rtol=rtol)
-    options = dict(trace_options, save=save, input_kwargs=input_kwargs)
+    options = {"save": "all", **trace_options, "input_kwargs": input_kwargs}
     if isinstance(a, nn.Module) and isinstance(b, nn.Module) and x is not ABSENT:
         return Comparison(trace(a, x, **options), trace(b, x, **options), atol=atol,
                           rtol=rtol, names=("model_a", "model_b"))

@@ -10,7 +10,7 @@
   const PAD = 10, HEAD = 18, FAN = 3, NS = "http://www.w3.org/2000/svg";
   const S = {
     expanded: new Set(D.start.expanded), unfolded: new Set(D.start.unfolded),
-    rolled: D.start.rolled, colorBy: "", selected: null, pinned: false, hits: [], hit: -1,
+    rolled: D.start.rolled, colorBy: D.diff ? "diff" : "", selected: null, pinned: false, hits: [], hit: -1,
     labels: true, view: { x: 0, y: 0, k: 1 },
   };
   const children = Array.from({ length: N }, () => []);
@@ -63,7 +63,8 @@
       node.op = r;
       node.title = O.label[r] + (n > 1 ? " ×" + n : "");
       node.lines = O.lines[r];
-      node.cls = O.kind[r] + (n > 1 ? " folded" : "") + (O.edited[r] != null ? " edited" : "");
+      node.cls = O.kind[r] + (n > 1 ? " folded" : "") + (O.edited[r] != null ? " edited" : "") +
+        (O.dinfo && O.dinfo[r] && O.dinfo[r].status !== "matched" ? " d-" + O.dinfo[r].status : "");
       node.fill = O.kind[r] === "input" ? T.input_fill : O.kind[r] === "output" ? T.output_fill
         : n > 1 ? T.fold_fill : T.node_fill;
       const m = O.module[r];
@@ -245,7 +246,7 @@
   }
 
   // ---- colour --------------------------------------------------------------------------------
-  const METRICS = { time_ns: "time", flops: "FLOPs", params: "parameters", bytes: "output bytes" };
+  const METRICS = { time_ns: "time", flops: "FLOPs", params: "parameters", bytes: "output bytes", diff: "relative difference" };
   const RAMP = T.name === "dark" ? ["#3d2611", "#b35c1e", "#ffb26b"] : ["#fff1e0", "#fd8d3c", "#a63603"];
   function metric(u, key) {
     if (u.op !== undefined) return O[key][u.op];
@@ -265,6 +266,7 @@
   }
   function fmt(v, key) {
     if (v === null || v === undefined) return "—";
+    if (key === "diff") return v >= 1e30 ? "inf/nan" : v.toExponential(2);
     if (key === "time_ns") return v >= 1e6 ? (v / 1e6).toFixed(2) + " ms" : (v / 1e3).toFixed(1) + " µs";
     if (key === "bytes") return v >= 1 << 20 ? (v / (1 << 20)).toFixed(2) + " MiB" : v >= 1024 ? (v / 1024).toFixed(1) + " KiB" : v + " B";
     for (const [n, s] of [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "K"]]) if (v >= n) return (v / n).toFixed(1) + s;
@@ -329,7 +331,9 @@
       ? `<div class="ramp" style="background:linear-gradient(90deg,${RAMP.join(",")})"></div>` +
         `<div class="ends"><span>${fmt(sc.min, S.colorBy)}</span><span>log scale</span><span>${fmt(sc.max, S.colorBy)}</span></div>`
       : "<div>no values</div>") +
-      `<div><span class="none" style="background:${T.node_fill}"></span>no value</div>`;
+      `<div><span class="none" style="background:${T.node_fill}"></span>${S.colorBy === "diff" ? "equal, or not compared" : "no value"}</div>` +
+      (D.diff ? `<div class="diffkey"><span class="d-added"></span>only in ${esc(D.diff.b)} <span class="d-removed"></span>only in ${esc(D.diff.a)}</div>` +
+        (D.diff.first_op !== null && D.diff.first_op !== undefined ? `<div>first divergence: <a data-op="${D.diff.first_op}">${esc(D.diff.first)}</a></div>` : "<div>no divergence</div>") : "");
   }
 
   // ---- search --------------------------------------------------------------------------------
@@ -422,6 +426,15 @@
   // ---- details -------------------------------------------------------------------------------
   function row(k, v) { return `<tr><td>${k}</td><td>${v}</td></tr>`; }
   function link(i) { return `<a data-op="${i}">${esc(O.label[i])}</a>`; }
+  function diffRows(d) { // both sides of a diffed op, and how far apart
+    const a = D.diff.a, b = D.diff.b, t = d.text;
+    let h = row("diff", `<b>${esc(d.status)}</b>` + (d.changes.length ? ": " + esc(d.changes.join("; ")) : "")) +
+      row(esc(a), d.a === null ? "— (absent)" : `${esc(d.a)} · <span class="shape">${esc(d.shape_a)}</span> ${esc(d.dtype_a)}`) +
+      row(esc(b), d.b === null ? "— (absent)" : `${esc(d.b)} · <span class="shape">${esc(d.shape_b)}</span> ${esc(d.dtype_b)}`);
+    if (d.values !== "compared") return h + row("values", esc(d.values));
+    return h + row("max abs diff", t.max_abs) + row("relative diff", t.relative) + row("cosine", t.cosine) +
+      row("outside tol.", (100 * d.outside).toPrecision(3) + "%");
+  }
   function details(id) {
     const u = units.get(id);
     if (!u) { el.details.innerHTML = ""; return; }
@@ -433,7 +446,8 @@
         row("output", `<span class="shape">${esc(O.shape[i] || "—")}</span> ${esc(O.dtype[i])}`) +
         row("params", fmt(O.params[i], "params")) + row("FLOPs", fmt(O.flops[i], "flops")) +
         row("time", fmt(O.time_ns[i], "time_ns")) + row("bytes", fmt(O.bytes[i], "bytes")) +
-        row("parents", O.parents[i].map(link).join(" ") || "—") + row("children", children[i].map(link).join(" ") || "—") + "</table>";
+        row("parents", O.parents[i].map(link).join(" ") || "—") + row("children", children[i].map(link).join(" ") || "—") +
+        (O.dinfo && O.dinfo[i] ? diffRows(O.dinfo[i]) : "") + "</table>";
     } else {
       const c = u.call, g = C[c].group >= 0 ? G[C[c].group] : null, folded = g && closed(C[c].group);
       const src = folded ? g : C[c];
@@ -441,7 +455,8 @@
         row("call", esc(C[c].key)) + (folded ? row("stands for", g.count + " calls") : "") +
         row("output", `<span class="shape">${esc(C[c].shape || "—")}</span>`) + row("ops", src.ops) +
         row("params", fmt(src.params, "params")) + row("FLOPs", fmt(src.flops, "flops")) +
-        row("time", fmt(src.time_ns, "time_ns")) + row("bytes", fmt(src.bytes, "bytes")) + "</table>";
+        row("time", fmt(src.time_ns, "time_ns")) + row("bytes", fmt(src.bytes, "bytes")) +
+        (D.diff ? row("largest diff", fmt(src.diff, "diff")) : "") + "</table>";
       const buttons = [];
       if (folded) buttons.push(`<button data-act="unfold" data-call="${c}">${g.kind === "fold" ? "Unfold" : "Unroll"} into ${g.count} calls</button>`);
       else if (g && g.kind === "fold") buttons.push(`<button data-act="fold" data-group="${C[c].group}">Fold back ×${g.count}</button>`);
@@ -494,7 +509,8 @@
       `<button id="collapse-all">Collapse all</button><button id="expand-all">Expand all</button>` +
       (hasRolls ? `<label><input id="rolled" type="checkbox"${S.rolled ? " checked" : ""}> roll loops</label>` : "") +
       `<label>colour <select id="color"><option value="">kind</option><option value="time_ns">time</option>` +
-      `<option value="flops">FLOPs</option><option value="params">parameters</option><option value="bytes">output bytes</option></select></label>` +
+      `<option value="flops">FLOPs</option><option value="params">parameters</option><option value="bytes">output bytes</option>` +
+      (D.diff ? `<option value="diff" selected>difference</option>` : "") + `</select></label>` +
       `<label><input id="labels" type="checkbox" checked> shapes on edges</label><button id="fit">Fit</button>` +
       `<span id="count" class="count"></span></div><div class="banner" id="banner"></div>` +
       `<div class="main"><svg class="graph" id="graph" xmlns="${NS}"><defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">` +
@@ -503,6 +519,8 @@
     for (const id of ["graph", "scene", "details", "legend", "count", "hits", "banner", "search", "depth"]) el[id] = document.getElementById(id);
     el.svg = el.graph;
     if (D.banner) el.banner.textContent = "⚠ " + D.banner + " — this graph is the forward for that synthesized input.";
+    if (D.diff) el.banner.textContent = (D.banner ? el.banner.textContent + " " : "") + `Diff of ${D.diff.a} → ${D.diff.b} (atol ${D.diff.atol}, rtol ${D.diff.rtol}): ` +
+      (D.diff.first ? `first divergence ${D.diff.first_where}` : "no op differs beyond the tolerance");
     el.search.addEventListener("keydown", (ev) => {
       if (ev.key !== "Enter") return;
       const q = ev.target.value.trim().toLowerCase();
@@ -541,6 +559,16 @@
       const target = ev.target.closest("g[data-id]");
       if (target && !S.pinned) details(target.getAttribute("data-id"));
     });
+    const jump = (ev) => {
+      const a = ev.target.closest("[data-op]");
+      if (!a) return false;
+      const i = +a.getAttribute("data-op");
+      reveal(i); render();
+      const u = units.get(unitOf(i));
+      if (u) { focus(u); select(u.id, true); }
+      return true;
+    };
+    el.legend.addEventListener("click", jump);
     el.details.addEventListener("click", (ev) => {
       const a = ev.target.closest("[data-op]"), b = ev.target.closest("[data-act]");
       if (a) {

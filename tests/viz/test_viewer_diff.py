@@ -1,0 +1,67 @@
+"""The html viewer in diff mode (``cmp.draw(path="diff.html")``), in headless Chromium: ops
+coloured by their difference, added ops marked, a module showing its largest difference, both
+sides in the details panel, and the first divergence one click away (issue 48)."""
+
+from __future__ import annotations
+
+import torch
+import torchvision
+
+import torchlens as tl
+from torchlens.viz.themes import THEMES
+
+
+def _edited_pair():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()),
+                                torch.nn.Linear(8, 2)).eval()
+    x = torch.randn(2, 4)
+    return tl.compare(tl.trace(model, x), tl.trace(model, x,
+                                                   edits={"relu_1": tl.edits.scale(2.0)}))
+
+
+def test_diff_mode_colours_by_difference_and_jumps_to_the_first_divergence(tmp_path,
+                                                                           open_viewer):
+    cmp = _edited_pair()
+    cmp.draw(path=tmp_path / "diff.html")
+    v = open_viewer(tmp_path / "diff.html")
+    page = v.page
+    assert page.locator("#color").input_value() == "diff"  # diff mode opens coloured by it
+    assert "first divergence relu_1 in 1" in page.locator("#banner").inner_text()
+    page.click("#expand-all")
+    fills = dict(zip(page.eval_on_selector_all(
+        "#scene g.node", "els => els.map(e => e.getAttribute('data-title'))"), v.fills()))
+    plain = THEMES["light"].node_fill
+    assert fills["linear_1"] == plain  # equal: the theme's fill
+    downstream = ("relu_1", "linear_2", "tanh_1", "linear_3")
+    assert all(fills[t] != plain for t in downstream)
+    assert len({fills[t] for t in downstream}) > 1  # the ramp tells them apart
+    page.click("#legend a[data-op]")  # the legend's first-divergence link
+    details = page.locator("#details").inner_text()
+    assert details.startswith("relu_1") and "relative diff\t1" in details
+    assert "outside tol.\t" in details and "a\trelu_1 · 2×8 float32" in details
+    assert page.locator("#scene g.node.selected").get_attribute("data-title") == "relu_1"
+    page.select_option("#color", "time_ns")  # the other colourings still work
+    assert page.locator("#legend").inner_text().startswith("time")
+    assert v.errors == [] and v.blocked == []
+
+
+def test_added_ops_are_marked_and_modules_show_their_largest_difference(tmp_path, open_viewer):
+    torch.manual_seed(0)
+    r18 = torchvision.models.resnet18(weights=None).eval()
+    r34 = torchvision.models.resnet34(weights=None).eval()
+    cmp = tl.compare(r18, r34, torch.randn(1, 3, 64, 64))
+    cmp.draw(path=tmp_path / "arch.html", collapse=1)
+    v = open_viewer(tmp_path / "arch.html")
+    page = v.page
+    layer3 = page.locator('#scene g.node[data-address="layer3"]')
+    assert "28 added" in layer3.text_content() and "largest Δ rel" in layer3.text_content()
+    page.click("#expand-all")
+    added = page.locator("#scene g.node.d-added")
+    assert added.count() == sum(r.status == "added" for r in cmp.rows) == 56
+    box = added.first
+    assert box.locator("rect").evaluate("e => getComputedStyle(e).strokeDasharray") != "none"
+    box.dispatch_event("mouseover")
+    assert "model_a\t— (absent)" in page.locator("#details").inner_text()
+    assert v.errors == [] and v.blocked == []
