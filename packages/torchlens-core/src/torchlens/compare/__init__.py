@@ -35,9 +35,10 @@ def compare(a: Any, b: Any, x: Any = ABSENT, /, *, atol: float = ATOL, rtol: flo
 
     Two Traces or trace files compare as they are. ``(model_a, model_b, x)`` traces both models
     on ``x``; ``(model, x, y)`` traces one model on ``x`` and on ``y`` (each input through the
-    input ladder; ``save=`` (default "all") and other ``tl.trace`` options apply to both). ``atol``/``rtol``:
-    the tolerance values are judged by (``torch.testing``'s float32 defaults). Traces of
-    different models refuse nothing: the ops one side lacks are the answer.
+    input ladder; ``save=``, default "all", and other ``tl.trace`` options apply to both).
+    ``atol``/``rtol``: the tolerance values are judged by (``torch.testing``'s float32
+    defaults). Traces of different models refuse nothing: the ops one side lacks are the
+    answer.
     """
     from ..verbs import load, trace
 
