@@ -218,3 +218,28 @@ def test_top_refuses_an_unknown_order():
     with pytest.raises(tl.TorchLensError) as err:
         cmp.top(3, by="biggest")
     assert err.value.code == "option_invalid" and 'cmp.top(3, by="relative")' in err.value.teach
+
+
+def test_the_numbers_are_those_of_the_values_including_views_and_nan():
+    """Every row's numbers equal a direct computation on its two values (a view's are read
+    from the value it rearranges, so check those too); a NaN on one side counts as outside."""
+    from torchlens.compare.metrics import value_stats
+
+    class Views(nn.Module):
+        def forward(self, x):
+            h = x * 2
+            return h.transpose(0, 1).reshape(-1).contiguous() + 1
+
+    x = torch.randn(3, 4)
+    y = x.clone()
+    y[1, 2] = float("nan")
+    y[0, 0] += 0.5
+    cmp = tl.compare(Views(), x, y)
+    for row in cmp.rows:
+        direct = value_stats(cmp.a[row.a].out, cmp.b[row.b].out, cmp.atol, cmp.rtol)
+        for key in ("max_abs", "relative", "cosine", "outside"):
+            got, want = getattr(row, key), direct[key]
+            assert got == pytest.approx(want, rel=1e-6, nan_ok=True), (row.label, key)
+    transpose = cmp._by_a["transpose_1"]
+    assert transpose.outside == pytest.approx(2 / 12) and math.isnan(transpose.max_abs)
+    assert cmp.first_divergence().label == "input_1"

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import TorchLensError
 from .match import match_ops
-from .metrics import STAT_KEYS, value_stats, within
+from .metrics import REARRANGE, STAT_KEYS, value_stats, within
 
 ATOL, RTOL = 1e-5, 1.3e-6  # torch.testing's float32 tolerances
 BY = {"relative": True, "max_abs": True, "outside": True, "cosine": False}  # larger is worse?
@@ -89,11 +89,17 @@ class Comparison:
         self.a, self.b, self.atol, self.rtol, self.names = a, b, atol, rtol, names
         ops_a, ops_b = a.ops, b.ops
         self._pairs = match_ops(ops_a, ops_b)
-        self.rows: list[DiffRow] = [self._row(ops_a[i] if i is not None else None,
-                                              ops_b[j] if j is not None else None)
-                                    for i, j in self._pairs]
-        self._by_a = {r.a: r for r in self.rows if r.a is not None}
-        self._by_b = {r.b: r for r in self.rows if r.b is not None}
+        self.rows: list[DiffRow] = []
+        self._by_a: dict[str, DiffRow] = {}
+        self._by_b: dict[str, DiffRow] = {}
+        for i, j in self._pairs:
+            row = self._row(ops_a[i] if i is not None else None,
+                            ops_b[j] if j is not None else None)
+            self.rows.append(row)
+            if row.a is not None:
+                self._by_a[row.a] = row
+            if row.b is not None:
+                self._by_b[row.b] = row
 
     def _row(self, x: Any, y: Any) -> DiffRow:
         op = y if y is not None else x
@@ -117,7 +123,9 @@ class Comparison:
                       flops_a=x.flops, flops_b=y.flops, time_ns_a=x.time_ns,
                       time_ns_b=y.time_ns)
         if x.saved and y.saved:
-            stats = value_stats(x._value, y._value, self.atol, self.rtol)
+            source = self._rearranged(x, y)
+            stats = {k: getattr(source, k) for k in STAT_KEYS} if source else \
+                value_stats(x._value, y._value, self.atol, self.rtol)
             if isinstance(stats, str):
                 row.values = stats
             else:
@@ -127,6 +135,21 @@ class Comparison:
         elif x.saved or y.saved:
             row.values = f"not saved in {self.names[0] if not x.saved else self.names[1]}"
         return row
+
+    def _rearranged(self, x: Any, y: Any) -> DiffRow | None:
+        """The compared row of the one input ``x`` and ``y`` both rearrange (a view, a
+        transpose, the output node), whose numbers are theirs; None otherwise."""
+        if x.func not in REARRANGE or y.func != x.func or len(x.parents) != 1 or \
+                len(y.parents) != 1 or x.shape is None:
+            return None
+        source = self._by_a.get(x.parents[0])
+        if source is None or source.b != y.parents[0] or source.values != "compared":
+            return None
+        px = self.a[source.a]
+        if isinstance(px._value, tuple) or px.shape is None or \
+                math.prod(px.shape) != math.prod(x.shape):
+            return None
+        return source
 
     # ---- counts ------------------------------------------------------------------------------
     def _count(self, status: str) -> int:

@@ -10,6 +10,12 @@ import torch
 from torch import Tensor
 
 STAT_KEYS = ("max_abs", "relative", "cosine", "outside")
+# ops whose output holds exactly its one input's elements, rearranged: the four numbers are
+# those of the input (they do not depend on the order of the elements)
+REARRANGE = frozenset({
+    "view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "t",
+    "unsqueeze", "squeeze", "movedim", "moveaxis", "swapaxes", "swapdims", "clone", "detach",
+    "view_as", "reshape_as", "transpose_", "t_", "unsqueeze_", "squeeze_", "output"})
 
 
 def tensors(value: Any) -> list[Tensor] | None:
@@ -50,15 +56,21 @@ def value_stats(a: Any, b: Any, atol: float, rtol: float) -> dict[str, float] | 
             x, y = x.double(), y.double()
         if x.numel() == 0:
             continue
-        d = x - y
-        ad = d.abs()
-        out = (ad > atol + rtol * x.abs()).logical_or_(ad.isnan()).sum().to(x.dtype)
-        stats = torch.stack([ad.max(), (x * y).sum(), x.square().sum(), y.square().sum(),
-                             d.square().sum(), out])
-        m, xy, xx, yy, dd, out = stats.tolist()
+        x, y = x.reshape(-1), y.reshape(-1)
+        d = y - x
+        # one pass for the extremes, dot products for the norms: few passes, few temporaries
+        low, high = (v.item() for v in torch.aminmax(d))
+        m = max(-low, high) if not (math.isnan(low) or math.isnan(high)) else math.nan
+        xy, xx, yy, dd = (torch.dot(x, y).item(), torch.dot(x, x).item(),
+                          torch.dot(y, y).item(), torch.dot(d, d).item())
+        if m > atol:  # only then can an element be outside atol + rtol * |x|
+            outside += int(torch.add(d.abs(), x.abs(), alpha=-rtol).gt_(atol).sum().item())
+        elif math.isnan(m):
+            outside += int(torch.add(d.abs(), x.abs(), alpha=-rtol).gt_(atol).sum().item()
+                           + d.isnan().sum().item())
         max_abs = max(max_abs, m) if not math.isnan(m) else math.nan
         dot, na, nb, nd = dot + xy, na + xx, nb + yy, nd + dd
-        outside, total = outside + int(out), total + x.numel()
+        total += x.numel()
     na, nb, nd = math.sqrt(na), math.sqrt(nb), math.sqrt(nd)
     relative = nd / na if na else (0.0 if nd == 0 else math.inf)
     cosine = dot / (na * nb) if na and nb else (1.0 if na == nb else 0.0)
