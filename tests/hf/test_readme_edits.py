@@ -11,7 +11,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def test_the_readme_edits_section_runs(capsys, tmp_path, monkeypatch):
     text = README.read_text()
-    start, end = text.index("## Edits: ablate, steer, patch"), text.index("## Compare two runs")
+    start = text.index("## Edits: ablate, steer, patch")
+    end = text.index("## Gradients and attribution")
     section = text[start:end]
     blocks = re.findall(r"```python\n(.*?)\n```", section, flags=re.S)
     assert len(blocks) == 3

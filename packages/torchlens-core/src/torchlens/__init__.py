@@ -21,7 +21,7 @@ __all__ = [
     "Summary", "compare", "draw", "load", "record", "summary", "trace",
 ]
 SUBMODULES = ("debug", "types", "viz", "recording", "validation", "plugins", "errors", "edits",
-              "sites", "patching")
+              "sites", "patching", "grads", "attribution")
 
 
 def __getattr__(name: str):

@@ -95,6 +95,11 @@ CODES: dict[str, str] = {
     "patching_batch_unsafe": "a batched patching cell differs from the same cell alone",
     "compare_input_invalid": "tl.compare was given neither two traces, two models and an "
                              "input, nor one model and two inputs",
+    "grads_unavailable": "save_grads= or a gradient read where no autograd graph exists "
+                         "(grad mode off, a meta model, no save_grads=, no backward yet)",
+    "grads_target_invalid": "trace.backward's target is not one number that needs a gradient",
+    "grads_graph_freed": "a second trace.backward after the first freed the graph (no "
+                         "retain_graph=True)",
     "drawing_too_large": "a static drawing too large for dot to lay out in seconds (refused "
                          "before layout)",
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from .errors import TorchLensError
 from .trace import Trace
 from .units import human
 
@@ -47,12 +48,16 @@ def describe_provenance(prov: dict[str, Any]) -> str:
 class Summary:
     """The module tree of one metadata-only, pinned capture, with totals and a receipt."""
 
-    def __init__(self, trace: Trace, depth: int | None = 3, ops: bool = False):
+    def __init__(self, trace: Trace, depth: int | None = 3, ops: bool = False,
+                 grads: Trace | None = None):
         self.trace = trace
+        self.grads = grads  # the backward's trace of ``grads=``: a gradient norm per call
         self.depth = depth
         self.provenance = trace.provenance
         self.receipt = trace.receipt
         self.rows = self._rows(ops)
+        if grads is not None:
+            self._add_grad_norms()
         self.totals = self._totals()
 
     # ---- building --------------------------------------------------------------------------
@@ -99,6 +104,23 @@ class Summary:
             if with_ops:
                 rows.extend(self._op_rows(call, module.depth + 1, flops_of))
         return rows
+
+    def _add_grad_norms(self) -> None:
+        """Each module call row's ``grad_norm``: the norm of the gradient at its output."""
+        for row in self.rows:
+            row["grad_norm"] = None
+            if row.get("op") or row["time_ms"] is None:
+                continue
+            address = row["layer"].rpartition(":")[0] if ":" in row["layer"] else row["layer"]
+            found = self.grads.modules.get(address)
+            if found is None or len(found.calls) < row["pass_num"]:
+                continue
+            try:
+                grad = found.calls[row["pass_num"] - 1].grad
+            except TorchLensError:  # no tensor of its output needs a gradient
+                continue
+            parts = grad if isinstance(grad, tuple) else (grad,)
+            row["grad_norm"] = sum(float(g.double().square().sum()) for g in parts) ** 0.5
 
     def _uncalled_parents(self, address: str, emitted: set[str]) -> list[dict[str, Any]]:
         """Rows for containers that never run themselves (ModuleList, ModuleDict)."""
@@ -166,12 +188,20 @@ class Summary:
                 f"{params} +{row['tied_params']:,} tied"
         pct = "--" if row.get("op") or row["pass_num"] > 1 else f"{row['params_pct']:.1f}%"
         time_ms = "--" if row["time_ms"] is None else f"{row['time_ms']:.3f}"
-        return [f"{indent}{row['layer']} ({row['type']})", _shape_text(row["output_shape"]),
-                params, pct, human(row["flops"]), human(row["macs"]), time_ms]
+        cells = [f"{indent}{row['layer']} ({row['type']})", _shape_text(row["output_shape"]),
+                 params, pct, human(row["flops"]), human(row["macs"]), time_ms]
+        if self.grads is not None:
+            norm = row.get("grad_norm")
+            cells.append("--" if norm is None else f"{norm:.4g}")
+        return cells
+
+    def _headers(self) -> list[str]:
+        return list(HEADERS) + (["Grad norm"] if self.grads is not None else [])
 
     def __str__(self) -> str:
-        cells = [list(HEADERS)] + [self._cells(r) for r in self.rows]
-        widths = [max(len(c[i]) for c in cells) for i in range(len(HEADERS))]
+        headers = self._headers()
+        cells = [headers] + [self._cells(r) for r in self.rows]
+        widths = [max(len(c[i]) for c in cells) for i in range(len(headers))]
         rule = "=" * (sum(widths) + 2 * (len(widths) - 1))
 
         def line(c):
@@ -195,7 +225,7 @@ class Summary:
                   f"Params size: {_mb(t['param_bytes'])}",
                   f"Estimated total size: {_mb(t['estimated_total_bytes'])}",
                   f"Ops: {t['ops']:,}  Measured op time: {t['time_ms']:.2f} ms",
-                  self._time_line(), rule]
+                  self._time_line(), *self._grad_line(), rule]
         lines.append(self._receipt_line())
         return "\n".join(lines)
 
@@ -213,6 +243,13 @@ class Summary:
             return f"{what}; measured after an earlier warm-up of this model on inputs of this " \
                    "shape (one-time setup excluded)"
         return f"{what}; {timing.get('note', 'no warm-up: the first calls include one-time setup')}"
+
+    def _grad_line(self) -> list[str]:
+        if self.grads is None:
+            return []
+        return [f"Grad norm: norm of the gradient of {self.grads.meta['grad_target']} with "
+                "respect to each call's output (one more forward and backward, eval mode, "
+                "model .grad untouched)"]
 
     def _edited_line(self) -> str:
         """An edited capture says so above the table: its values are not the model's own."""
@@ -242,7 +279,7 @@ class Summary:
 
     def _repr_html_(self) -> str:
         esc = html.escape
-        head = "".join(f"<th>{esc(h)}</th>" for h in HEADERS)
+        head = "".join(f"<th>{esc(h)}</th>" for h in self._headers())
         body = "".join(
             "<tr>" + "".join(
                 f"<td style='text-align:{'left' if i == 0 else 'right'}'>{esc(c)}</td>"

@@ -65,6 +65,7 @@ class Op:
     meta: dict = None
     _value: Any = None
     _reads: Any = field(default=None, init=False)  # the trace's _Reads (not the trace: no cycle)
+    _grad: Any = field(default=None, init=False)  # set by trace.backward (save_grads= sites)
 
     @property
     def out(self) -> Any:
@@ -82,6 +83,24 @@ class Op:
         if self._reads is not None:
             self._reads.on_value_read()
         return self._value
+
+    @property
+    def grad(self) -> Any:
+        """The gradient of ``trace.backward``'s target with respect to this op's output, as the
+        op made it (a tuple for an op of several outputs); same shape as the output."""
+        from .grads.backward import NO_GRAD, unavailable
+
+        if self._grad is None:
+            raise unavailable(
+                f"op {self.label!r} has no gradient: it is not a site of save_grads=, or "
+                "trace.backward(target) has not run",
+                teach=[f"tl.trace(model, x, save_grads=[{self.label!r}])",
+                       "trace.backward(target)"])
+        if self._grad is NO_GRAD:
+            raise unavailable(f"op {self.label!r}'s output needs no gradient ({self.dtype}, or "
+                              "made from nothing that requires grad)",
+                              teach=["trace.grads  # the sites that have one"])
+        return self._grad
 
     def row(self) -> dict[str, Any]:
         """This op's fields as a plain dict (no tensors)."""
@@ -129,6 +148,21 @@ class ModuleCall:
             )
         return values[0] if len(values) == 1 else tuple(values)
 
+    @property
+    def grad(self) -> Any:
+        """The gradient with respect to this call's output (a tuple when it returned several),
+        after ``trace.backward``; the module must be a site of ``save_grads=``."""
+        values = []
+        for label, position in zip(self.output_ops, self.positions):
+            grad = self._by_label[label].grad
+            values.append(grad[position] if isinstance(grad, tuple) else grad)
+        if not values:
+            from .grads.backward import unavailable
+
+            raise unavailable(f"module call {self.label} returned no tensor made inside the "
+                              "capture")
+        return values[0] if len(values) == 1 else tuple(values)
+
     def row(self) -> dict[str, Any]:
         return {s: getattr(self, s) for s in ("address", "pass_num", "type", "ops", "output_ops",
                                               "time_ns", "positions")}
@@ -157,6 +191,17 @@ class Module:
                        range(1, len(self.calls) + 1)][:3],
             )
         return self.calls[0].out
+
+    @property
+    def grad(self) -> Any:
+        """The gradient with respect to the output, when the module ran exactly once."""
+        if len(self.calls) != 1:
+            raise LookupFailed(
+                f"module {self.address!r} ran {len(self.calls)} times; pick one call",
+                code="key_not_found",
+                teach=[f"trace[{self.address + ':' + str(i)!r}].grad" for i in
+                       range(1, len(self.calls) + 1)][:3])
+        return self.calls[0].grad
 
     def row(self) -> dict[str, Any]:
         return {"address": self.address, "type": self.type, "depth": self.depth,
@@ -295,7 +340,12 @@ class Trace:
 
     @property
     def output(self) -> Any:
-        """The model's output rebuilt from the saved output tensors (mappings become dicts)."""
+        """The model's output rebuilt from the saved output tensors (mappings become dicts).
+        On a ``save_grads=`` trace, the forward's own output with its autograd graph, to
+        compute a target for ``trace.backward`` from (until that backward frees it)."""
+        grads = self._objects.get("grads")
+        if grads is not None and grads.output is not None:
+            return grads.output
         if any(op.saved for op in self.outputs):
             self._on_value_read()
         return _rebuild(self.output_structure, self)
@@ -325,6 +375,9 @@ class Trace:
         from .edits.log import EditLog
 
         record = self.meta.get("edits") or {"specs": [], "fired": []}
+        grads = self.meta.get("grad_edits") or {"specs": [], "fired": []}
+        record = {"specs": record["specs"] + grads["specs"],
+                  "fired": record["fired"] + grads["fired"]}
         rows = []
         for row in record["fired"]:
             if row["label"] is None and row.get("op_index") is not None:
@@ -395,6 +448,24 @@ class Trace:
                 teach=["tl.trace(model, x)  # trace the model itself"])
         return rerun(self, input, input_kwargs=input_kwargs, **options)
 
+    def backward(self, target: Any = None, *, retain_graph: bool = False,
+                 param_grads: bool = False):
+        """One backward from ``target`` (a scalar tensor computed from ``trace.output``, a
+        callable ``fn(output) -> scalar``, or an op label whose value is summed) to every site
+        of ``save_grads=``, with ``grad_edits=`` applied on the way; then ``trace[site].grad``.
+        The model's ``.grad`` fields are left alone unless ``param_grads=True``; a second
+        backward needs ``retain_graph=True`` on the first. Returns ``trace.grads``."""
+        from .grads import run_backward
+
+        return run_backward(self, target, retain_graph=retain_graph, param_grads=param_grads)
+
+    @property
+    def grads(self):
+        """The gradients ``trace.backward`` computed: label, module, shape, norm, max abs."""
+        from .grads import GradTable
+
+        return GradTable.of(self)
+
     def push(self, edits: Any, *, allow_unfired: bool = False) -> Trace:
         """A new trace with ``edits`` applied, recomputing only the ops downstream of them from
         the recorded calls (no ``forward``). Needs ``tl.trace(model, x, save="all",
@@ -420,12 +491,15 @@ class Trace:
              file_format: str | None = None, path: str | os.PathLike | None = None,
              open_viewer: bool = False, renderer: str | None = None,
              roll_recurrent: bool = False, fold: bool | None = None,
-             node_budget: int | None = None, max_nodes: int | None = 2000, **unknown: Any):
+             node_budget: int | None = None, max_nodes: int | None = 2000,
+             color: str | None = None, overlay: Any = None, **unknown: Any):
         """Render the graph through a renderer plugin; returns a detached ``tl.viz.Drawing``.
 
         ``collapse="none"`` by default here ("auto", "modules" or a module depth fold it);
-        ``path="g.html"`` (or ``file_format="html"``) writes one interactive page. Every dial is
-        documented on ``torchlens.viz.draw_trace``; an unknown keyword refuses typed.
+        ``path="g.html"`` (or ``file_format="html"``) writes one interactive page.
+        ``color="grad_norm"`` colours by gradient norm (after ``trace.backward``), ``overlay=``
+        by your own number per op. Every dial is documented on ``torchlens.viz.draw_trace``;
+        an unknown keyword refuses typed.
         """
         from .viz import draw_trace
 
@@ -433,7 +507,7 @@ class Trace:
                           direction=direction, file_format=file_format, path=path,
                           open_viewer=open_viewer, renderer=renderer,
                           roll_recurrent=roll_recurrent, fold=fold, node_budget=node_budget,
-                          max_nodes=max_nodes, **unknown)
+                          max_nodes=max_nodes, color=color, overlay=overlay, **unknown)
 
     def save(self, path) -> None:
         """Write this trace (metadata, provenance and saved activations) to one file."""

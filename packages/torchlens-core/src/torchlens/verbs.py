@@ -19,6 +19,7 @@ from .capture.meta import check_inputs, refuse_values
 from .capture.policy import pinned, state_fingerprints, state_hash, warm_up
 from .edits.plan import EditPlan
 from .errors import CaptureError, InputError, InputTypeError, StateError, warn
+from .grads.plan import needing_grad, plan_grads
 from .ladder import ABSENT, Resolution, forward_errors, resolve
 from .ladder.budget import check_save_budget
 from .storage import load_trace
@@ -168,7 +169,8 @@ def rerun(previous: Trace, input: Any, /, *, input_kwargs: dict | None = None,
 def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
           input_shape: Any = None, save: Any = "all", intervention_ready: bool = False,
           tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
-          labels: Any = None, edits: Any = None, allow_unfired: bool = False) -> Trace:
+          labels: Any = None, edits: Any = None, allow_unfired: bool = False,
+          save_grads: Any = None, grad_edits: Any = None) -> Trace:
     """Record every op of ``model``'s forward on a real input, a declared shape, or nothing.
 
     ``input`` is a tensor, a tuple of positional args, a mapping of forward keywords, or anything
@@ -178,10 +180,13 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     ``trace.edits`` proves each fired, and a site that never fired refuses unless
     ``allow_unfired=True``. ``intervention_ready=True`` keeps a state baseline (checked by
     ``trace.run``) and, with ``save="all"``, each op's call, for ``trace.push(edits)``.
+    ``save_grads=`` ("all" or sites, as ``save=``) notes where gradients will be read, for
+    ``trace.backward(target)``; ``grad_edits={site: edit}`` change the gradient there.
     """
     inv = checked_inventory(model, "trace")
     parse_save(save, model, inv)
     plan = plan_edits(edits, inv, model, allow_unfired, "trace")
+    grads = plan_grads(save_grads, grad_edits, inv, model)
     templates = intervention_ready and save == "all"  # what trace.push recomputes from
     if intervention_ready and inv.lazy:
         raise StateError(
@@ -197,7 +202,13 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface="trace",
         needs_values=needs_values, options=_options(tokenizer, processor, preprocess, labels),
         probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"), inv=inv)
-    if res.verified is not None:
+    if grads is not None:  # a capture of its own, in the caller's grad mode
+        args, kwargs = needing_grad(res.args, res.kwargs)
+        with forward_errors(res, "trace"):
+            result = capture(model, args, kwargs, save=save, inv=res.inventory, edits=plan,
+                             templates=templates, grads=grads)
+        _warn_bn_train(result.meta["train_mode_batchnorm"])
+    elif res.verified is not None:
         result = res.verified
         if not saves_nothing(save) or plan is not None:
             check_save_budget(res.provenance, save)
@@ -223,6 +234,8 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
                                          "tensors": prints}
     result.meta["options"] = {"save": save, "intervention_ready": intervention_ready,
                               "allow_unfired": allow_unfired}
+    if grads is not None:
+        result.meta["options"]["save_grads"] = grads.texts
     return result
 
 
@@ -270,17 +283,49 @@ def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, inp
 def summary(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None = None,
             input_shape: Any = None, depth: int | None = 3, ops: bool = False,
             tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
-            edits: Any = None, allow_unfired: bool = False) -> Summary:
+            edits: Any = None, allow_unfired: bool = False, grads: Any = False) -> Summary:
     """A module-tree table of ``model`` from ONE metadata-only capture pinned to eval + no-grad;
     the model's modes, RNG and buffers are restored and verified (``summary.receipt``). One
     uncaptured warm-up forward runs first under the same pinning, so the Time column does not
     count one-time setup (disclosed under the table). ``edits=``: the table of the edited
-    model, marked as such."""
+    model, marked as such. ``grads=True`` (the output summed) or ``grads=fn(output) ->
+    scalar`` adds each module call's output-gradient norm, from one more forward and backward
+    pinned to eval (grad on), the model's ``.grad`` untouched."""
+    if grads is not False and grads is not True and not callable(grads):
+        raise InputTypeError(f"grads= takes True or a function of the output, not {grads!r}",
+                             code="option_invalid",
+                             teach=["tl.summary(model, x, grads=True)",
+                                    "tl.summary(model, x, grads=lambda out: out[0].sum())"])
     result = pinned_trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
                           surface="summary",
                           options=_options(tokenizer, processor, preprocess), warmup=True,
                           edits=edits, allow_unfired=allow_unfired)
-    return Summary(result, depth=depth, ops=ops)
+    grad_trace = None
+    if grads is not False:
+        grad_trace = _summary_grads(model, input, input_kwargs, input_shape, grads,
+                                    dict(tokenizer=tokenizer, processor=processor,
+                                         preprocess=preprocess, edits=edits,
+                                         allow_unfired=allow_unfired))
+    return Summary(result, depth=depth, ops=ops, grads=grad_trace)
+
+
+def _summary_grads(model: nn.Module, input: Any, input_kwargs: dict | None, input_shape: Any,
+                   target: Any, options: dict) -> Trace:
+    """The forward and backward behind ``tl.summary(grads=...)``: every module call's output a
+    gradient site, in eval mode with grad on, the state restored and verified as the table's."""
+    import torch
+
+    from .grads.targets import summed_output
+
+    inv = checked_inventory(model, "summary")
+    addresses = [address for address, _ in inv.modules if address]
+    with pinned(model, "summary", grad=True, inv=inv), torch.enable_grad():
+        result = trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
+                       save=None, save_grads=addresses, **options)
+        result.backward(summed_output if target is True else target)
+    result.meta["grad_target"] = "the output summed" if target is True else \
+        getattr(target, "__name__", "grads=")
+    return result
 
 
 @outside_inference_mode

@@ -64,7 +64,8 @@ def _emit(view: GraphView, cluster_id: str | None, children: dict, members: dict
 def _node_attrs(view: GraphView, node: ViewNode, scale: tuple[float, float] | None = None
                 ) -> str:
     t = view.theme
-    diff = _diff_attrs(view, node, scale) if "diff" in view.meta else []
+    diff = _diff_attrs(view, node, scale) if "metric" in view.meta or "diff" in view.meta \
+        else []
     muted = "#ffffff" if 'fontcolor="#ffffff"' in diff else t.muted_font
     label = _bold(node.title) + "".join(
         f'<br/><font point-size="8" color="{muted}">{html.escape(line)}</font>'
@@ -96,19 +97,20 @@ STATUS_BORDER = {"added": "#1a7f37", "removed": "#cf222e", "changed": "#8250df"}
 
 
 def _diff_scale(view: GraphView) -> tuple[float, float] | None:
-    """log10 of the smallest and largest nonzero difference drawn (None: no difference)."""
-    values = [n.diff for n in view.nodes if n.diff]
+    """log10 of the smallest and largest nonzero magnitude drawn (None: nothing to colour)."""
+    values = [abs(n.metric) for n in view.nodes if n.metric]
     return (math.log10(min(values)), math.log10(max(values))) if values else None
 
 
 def _diff_attrs(view: GraphView, node: ViewNode, scale: tuple[float, float] | None
                 ) -> list[str]:
-    """A diff drawing: the fill by relative difference (log scale over the drawing; equal or
-    not compared: the theme's fill), a dashed border for ops on one side only."""
+    """A coloured drawing (a diff, gradient norms, an overlay): the fill by the node's number
+    (log scale of its magnitude over the drawing; none or zero: the theme's fill), and in a
+    diff a dashed border for ops on one side only."""
     attrs = []
-    if node.diff and scale:
+    if node.metric and scale:
         lo, hi = scale
-        t = (math.log10(node.diff) - lo) / (hi - lo) if hi > lo else 1.0
+        t = (math.log10(abs(node.metric)) - lo) / (hi - lo) if hi > lo else 1.0
         fill = _mix(*DIFF_RAMP[:2], t * 2) if t < 0.5 else _mix(*DIFF_RAMP[1:], t * 2 - 1)
         attrs.append(f'fillcolor="{fill}"')
         if t > 0.6:

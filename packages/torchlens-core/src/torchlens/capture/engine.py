@@ -44,6 +44,7 @@ from .recorder import (
     TemplateRecorder,
     snapshot,
 )
+from .seam import combine
 from .watch import note_writes, write_guard
 
 _active = threading.local()
@@ -90,7 +91,8 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
 
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
             provenance: dict | None = None, replay: bool = False,
-            inv: Inventory | None = None, edits: Any = None, templates: bool = False) -> Trace:
+            inv: Inventory | None = None, edits: Any = None, templates: bool = False,
+            grads: Any = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace.
 
     ``replay=True`` also keeps each op's call template and live output (for validation) in
@@ -98,23 +100,26 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     caller took it just before. ``edits``: an ``edits.EditPlan`` applied through the seam; its
     proof of firing goes to ``trace.meta["edits"]``, and a site that never fired refuses.
     ``templates=True`` keeps each op's call template (and the ops a Python decision read) in
-    ``trace._objects["templates"]``, for ``trace.push``.
+    ``trace._objects["templates"]``, for ``trace.push``. ``grads``: a ``grads.GradPlan`` whose
+    observer shares the seam; its state (with the live output) goes to
+    ``trace._objects["grads"]``, for ``trace.backward``.
     """
     with paused():
         return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model),
-                        edits, templates)
+                        edits, templates, grads)
 
 
 def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan=None,
-             templates=False) -> Trace:
+             templates=False, grads=None) -> Trace:
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     # the inventory's id tables (each capture takes its own inventory, so they are its to grow)
     state = CaptureState(inv.param_ids, inv.buffer_ids, save_all, save_labels)
     state.keep_outputs = not saves_nothing(save)
     state.model = model
     state.guard = write_guard()  # inside a pinned block: parameters copied before a write
-    if plan is not None:
-        _plug(state, plan)
+    seam = combine(plan, grads.observer if grads is not None else None)
+    if seam is not None:
+        _plug(state, seam)
     if replay:
         state.calls, state.live = {}, {}
     else:
@@ -124,10 +129,12 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
             state.held = Held(state.values)
     calls: list[list] = []  # finished module calls (their frames)
     _add_inputs(state, args, kwargs)
+    if grads is not None:  # the inputs are sites too (input_1, ...): no op makes them
+        grads.observer.inputs(state, [t for _, t in _input_leaves(args, kwargs)])
     structure = None
     offloaded = inv.hooked
     no_values = inv.has_meta and is_meta(model)
-    handles = install_boundaries(inv.modules, state, calls, save_modules, plan)  # removed below
+    handles = install_boundaries(inv.modules, state, calls, save_modules, seam)  # removed below
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     try:
@@ -135,6 +142,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
         with quiet_hooks(model, offloaded, state), eager(), recorder:
             out = model(*args, **kwargs)
         structure = _output_node(state, out, "", 0, [0])
+        live = out if grads is not None else None
         if not replay:
             del out  # what the forward returned is copied; let its graph go before settling
     except BaseException as exc:
@@ -169,6 +177,8 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
     if no_values:
         result.meta["values"] = "meta"  # shapes and costs only: no tensor holds values
     result._objects["output_values"] = state.output_objects
+    if grads is not None:
+        result._objects["grads"] = grads.state(live, model)
     if templates:
         result._objects["templates"] = {"calls": state.calls, "autocast": state.autocast,
                                         "orders": state.orders, "decided": state.decided}
@@ -180,7 +190,8 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
 
 
 def _plug(state: CaptureState, plan: Any) -> None:
-    """Plug an edit plan into the seam: op sites need labels during the forward."""
+    """Plug a seam (an edit plan, a gradient observer, or both) in: op sites need labels
+    during the forward."""
     if plan.ops:
         state.seam = plan
         state.labelled = True

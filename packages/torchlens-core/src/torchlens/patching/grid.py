@@ -17,6 +17,8 @@ class PatchingSweep:
     normalised so that the corrupt run is 0 and the clean run is 1 (``raw`` holds the metric
     itself; NaN everywhere when both baselines are equal)."""
 
+    title = "Patching sweep"
+
     def __init__(self, sites: list[str], positions: list[int], raw: torch.Tensor,
                  clean_metric: float, corrupt_metric: float, batch_size: int, forwards: int):
         self.sites, self.positions, self.raw = sites, positions, raw
@@ -33,7 +35,7 @@ class PatchingSweep:
         rows = [head] + [[site] + [f"{v:.2f}" for v in row.tolist()]
                          for site, row in zip(self.sites, self.values)]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        lines = [f"Patching sweep: {len(self.sites)} sites x {len(self.positions)} positions, "
+        lines = [f"{self.title}: {len(self.sites)} sites x {len(self.positions)} positions, "
                  f"{self.forwards} forwards (batch_size={self.batch_size}); clean metric "
                  f"{self.clean_metric:.4g} = 1, corrupt {self.corrupt_metric:.4g} = 0"]
         lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)

@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import LookupFailed
 from .collapse import Remap, Structure, expanded_calls, fold_repeats, roll_passes
 from .groups import Synthetic, group_stacks, is_synthetic
+from .metric import largest, op_metrics
 from .options import DrawOptions, check_options
 from .view import (
     GraphView,
@@ -40,6 +41,8 @@ class _Builder:
                 self.edited.setdefault(row["label"], []).append(row)
         self.diff = trace.meta.get("diff")  # a diff drawing: each op's difference in op.meta
         self.diff_names = (self.diff["a"], self.diff["b"]) if self.diff else ("", "")
+        found = op_metrics(trace, opts)  # the number the drawing is coloured by, per op
+        self.metric_name, self.metrics = found if found else (None, {})
         self.nodes: dict[str, ViewNode] = {}
         self.clusters: dict[str, ViewCluster] = {}
         self.edges: dict[tuple[str, str], ViewEdge] = {}
@@ -64,7 +67,8 @@ class _Builder:
             clusters=list(self.clusters.values()), theme=opts.theme, direction=opts.direction,
             meta={"model_class": trace.meta.get("model_class", ""), "collapse": opts.collapse,
                   "module": opts.module, "ops": len(self.scoped), "folded": self._folds(),
-                  **({"diff": self.diff} if self.diff else {})},
+                  **({"diff": self.diff} if self.diff else {}),
+                  **({"metric": self.metric_name} if self.metric_name else {})},
         )
 
     def title(self) -> str:
@@ -213,10 +217,13 @@ class _Builder:
             lines.append(edit_line(edits))
         node = ViewNode(node_id, op.kind, title, [line for line in lines if line], shape, params,
                         count, edited=bool(edits))
+        node.metric = self.metrics.get(op.label)
         if self.diff:
             d = op.meta["diff"]
-            node.diff, node.status = d["relative"], d["status"]
+            node.status = d["status"]
             node.lines.append(diff_line(d, self.diff_names))
+        elif node.metric is not None:
+            node.lines.append(f"{self.metric_name} {node.metric:.3g}")
         return node
 
     def _call_node(self, node_id: str, key: str, cluster: str | None) -> ViewNode:
@@ -242,11 +249,14 @@ class _Builder:
         edits = self.edits_in([op for m in members for op in self.full.calls[m].ops])
         if edits:
             lines.append(edit_line(edits))
-        worst, where = largest_diff(self.diffs_in([op for m in members
-                                                   for op in self.full.calls[m].ops]))
+        ops = [op for m in members for op in self.full.calls[m].ops]
+        where = largest_diff(self.diffs_in(ops))[1]
+        metric = largest(self.metrics, ops) if self.metrics else None
+        if metric is not None and not self.diff:
+            where = f"largest {self.metric_name} {metric:.3g}"
         return ViewNode(node_id, "module", title, [line for line in lines + [where] if line],
                         shape, params, count, ops=len(call.ops) * count, edited=bool(edits),
-                        diff=worst)
+                        metric=metric)
 
     def _call_name(self, key: str, cluster: str | None = None) -> str:
         """``layer1.0`` (``conv1`` inside the ``layer1.0`` cluster); ``cell:2``: an unrolled pass.

@@ -31,7 +31,7 @@ def draw_trace(trace: Any, *, collapse: str | int = "none", module: str | None =
                open_viewer: bool = False, renderer: str | None = None,
                roll_recurrent: bool = False, fold: bool | None = None,
                node_budget: int | None = None, max_nodes: int | None = DEFAULT_MAX_NODES,
-               **unknown: Any) -> Drawing:
+               color: str | None = None, overlay: Any = None, **unknown: Any) -> Drawing:
     """Render ``trace``'s graph and return a detached :class:`Drawing`.
 
     collapse: "none" (every op a node), "modules" (every innermost module call one node),
@@ -47,13 +47,15 @@ def draw_trace(trace: Any, *, collapse: str | int = "none", module: str | None =
     blocks and repeated op sequences (default: only with collapse="auto"). node_budget: the node
     count collapse="auto" keeps to. max_nodes: the largest static drawing handed to a layout
     program such as dot (None: no limit, accept the wait); larger ones refuse
-    ``drawing_too_large`` before layout.
+    ``drawing_too_large`` before layout. color: "grad_norm" (each op's gradient norm, after
+    ``trace.backward``) or "overlay"; overlay: your own number per op, ``{label: value}`` or a
+    callable ``op -> value`` (None: uncoloured), with a legend; a module shows its largest.
     """
     opts = validate_options(
         collapse=collapse, module=module, depth=depth, theme=theme, direction=direction,
         file_format=file_format, path=path, open_viewer=open_viewer, renderer=renderer,
         roll_recurrent=roll_recurrent, fold=fold, node_budget=node_budget,
-        max_nodes=max_nodes, **unknown,
+        max_nodes=max_nodes, color=color, overlay=overlay, **unknown,
     )
     return _draw(trace, opts)
 

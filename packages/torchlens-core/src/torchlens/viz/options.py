@@ -17,8 +17,9 @@ DEFAULT_MAX_NODES = 2000  # the largest static drawing handed to dot (see cost.p
 # Every keyword draw_trace takes, in the order the teach lists them.
 DIALS = (
     "collapse", "module", "depth", "theme", "direction", "file_format", "path", "open_viewer",
-    "renderer", "roll_recurrent", "fold", "node_budget", "max_nodes",
+    "renderer", "roll_recurrent", "fold", "node_budget", "max_nodes", "color", "overlay",
 )
+COLORS = ("grad_norm", "overlay")  # per-op numbers a drawing can be coloured by
 
 
 class DrawOptionError(TorchLensError, TypeError, ValueError):
@@ -44,6 +45,8 @@ class DrawOptions:
     fold: bool = False
     node_budget: int = DEFAULT_NODE_BUDGET
     max_nodes: int | None = DEFAULT_MAX_NODES
+    color: str | None = None
+    overlay: Any = None  # ((label, value), ...) or a callable op -> value
 
 
 def refuse(message: str, teach: list[str]) -> DrawOptionError:
@@ -75,7 +78,8 @@ def check_options(*, collapse: Any = "none", module: Any = None, depth: Any = No
                   path: Any = None, open_viewer: Any = False, renderer: Any = None,
                   roll_recurrent: Any = False, fold: Any = None,
                   node_budget: Any = DEFAULT_NODE_BUDGET,
-                  max_nodes: Any = DEFAULT_MAX_NODES) -> DrawOptions:
+                  max_nodes: Any = DEFAULT_MAX_NODES, color: Any = None,
+                  overlay: Any = None) -> DrawOptions:
     """Check every dial and return them normalized; ``fold=None`` means "only for auto"."""
     if isinstance(collapse, str):
         if collapse not in COLLAPSE_MODES:
@@ -116,6 +120,23 @@ def check_options(*, collapse: Any = "none", module: Any = None, depth: Any = No
             raise refuse(f"{name}= takes True or False, got {value!r}", [f"{name}=True"])
     if fold is not None and not isinstance(fold, bool):
         raise refuse(f"fold= takes True, False or None, got {fold!r}", ["fold=True"])
+    if overlay is not None:
+        if isinstance(overlay, dict):
+            if not all(isinstance(k, str) and isinstance(v, (int, float)) and
+                       not isinstance(v, bool) for k, v in overlay.items()):
+                raise refuse("overlay= takes {op label: number} or a callable op -> number",
+                             ['overlay={"conv2d_1": 0.5}', "overlay=lambda op: op.flops"])
+            overlay = tuple(overlay.items())
+        elif not callable(overlay):
+            raise refuse(f"overlay= takes {{op label: number}} or a callable, got {overlay!r}",
+                         ['overlay={"conv2d_1": 0.5}', "overlay=lambda op: op.flops"])
+        color = "overlay" if color is None else color
+    if color is not None and color not in COLORS:
+        raise refuse(f"color= must be one of {COLORS}, got {color!r}",
+                     [f'color="{name}"' for name in COLORS])
+    if color == "overlay" and overlay is None:
+        raise refuse('color="overlay" needs overlay= (the numbers to colour by)',
+                     ['overlay={"conv2d_1": 0.5}', 'color="grad_norm"'])
     return DrawOptions(
         collapse=collapse, module=module, depth=depth, theme=theme,
         direction=direction.upper(), file_format=file_format, path=path,
@@ -123,4 +144,5 @@ def check_options(*, collapse: Any = "none", module: Any = None, depth: Any = No
         fold=(collapse == "auto") if fold is None else fold,
         node_budget=_int("node_budget", node_budget, 1),
         max_nodes=None if max_nodes is None else _int("max_nodes", max_nodes, 1),
+        color=color, overlay=overlay,
     )

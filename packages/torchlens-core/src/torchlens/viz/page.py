@@ -19,6 +19,7 @@ from typing import Any
 from .build import _Builder, shorten
 from .collapse import expanded_calls
 from .groups import is_synthetic
+from .metric import largest
 from .options import DrawOptions
 from .themes import Theme
 from .view import detail_line, diff_line, edit_line, format_shape, largest_diff
@@ -73,6 +74,7 @@ class _Page:
             "theme": asdict(opts.theme),
             "banner": _banner(b.trace),
             "diff": self._diff(),
+            "metric": b.metric_name,  # what the "metric" columns hold (None: nothing)
             "ops": self._ops(),
             "calls": [self._call(key) for key in b.full.calls],
             "root": [self._item(kind, name) for kind, name in b.full.root],
@@ -93,7 +95,7 @@ class _Page:
         b, remap = self.b, self.b.remap
         cols: dict[str, list[Any]] = {name: [] for name in (
             "label", "func", "kind", "module", "shape", "dtype", "params", "flops", "time_ns",
-            "bytes", "parents", "stack", "alias", "group", "run", "lines", "edited", "diff",
+            "bytes", "parents", "stack", "alias", "group", "run", "lines", "edited", "metric",
             "dinfo")}
         runs = self._runs()
         for op in b.scoped:
@@ -120,9 +122,8 @@ class _Page:
             cols["lines"].append(self._op_lines(op, shape, params))
             edits = b.edits_in([label])  # the largest change an edit made here, or None
             cols["edited"].append(max(row["norm"] for row in edits) if edits else None)
-            d = op.meta.get("diff") if b.diff else None  # a diff drawing: each op's difference
-            cols["diff"].append(d["relative"] if d else None)
-            cols["dinfo"].append(d)
+            cols["metric"].append(b.metrics.get(label))
+            cols["dinfo"].append(op.meta.get("diff") if b.diff else None)  # both sides, a diff
         return cols
 
     def _diff(self) -> dict[str, Any] | None:
@@ -199,7 +200,10 @@ class _Page:
         member_of = self.member_of.get(key, -1)
         edits = b.edits_in(call.ops)
         edited = edit_line(edits) if edits else ""
-        worst, where = largest_diff(b.diffs_in(call.ops))
+        where = largest_diff(b.diffs_in(call.ops))[1]
+        metric = largest(b.metrics, call.ops) if b.metrics else None
+        if metric is not None and not b.diff:
+            where = f"largest {b.metric_name} {metric:.3g}"
         return {
             "key": key, "address": call.address, "type": call.type, "pass": call.pass_num,
             "kind": kind, "depth": call.depth,
@@ -208,7 +212,7 @@ class _Page:
             "title": name,
             "lines": [line for line in (call.type, detail_line(shape_text, params), edited, where)
                       if line],
-            "edited": bool(edits), "diff": worst,
+            "edited": bool(edits), "metric": metric,
             "cluster": (f"{name}: {call.type}" if kind == "module" else f"{call.type} · {name}")
             + (f" · {where}" if where else ""),
             "atomic": len(call.ops) == 1 and not call.children[0][0] == "call",
@@ -228,7 +232,9 @@ class _Page:
         calls = [b.full.calls[m] for m in members]
         flops = [op.flops for c in calls for op in (b.by_label[x] for x in c.ops)
                  if op.flops is not None]
-        worst, where = largest_diff(b.diffs_in([x for c in calls for x in c.ops]))
+        ops = [x for c in calls for x in c.ops]
+        where = largest_diff(b.diffs_in(ops))[1]
+        metric = largest(b.metrics, ops) if b.metrics else None
         return {
             "kind": b.remap.kind[rep], "rep": self.call_ids[rep], "count": len(members),
             "members": [self.call_ids[m] for m in members],
@@ -236,7 +242,7 @@ class _Page:
             "params": node.params, "flops": sum(flops) if flops else None,
             "time_ns": sum(b.by_label[x].time_ns for c in calls for x in c.ops),
             "bytes": sum(b.by_label[x].nbytes for c in calls for x in c.ops),
-            "ops": sum(len(c.ops) for c in calls), "diff": worst, "diff_line": where,
+            "ops": sum(len(c.ops) for c in calls), "metric": metric, "diff_line": where,
         }
 
 

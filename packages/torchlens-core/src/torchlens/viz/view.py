@@ -36,9 +36,10 @@ class ViewNode:
     cluster: str | None = None
     ops: int = 1
     edited: bool = False  # an edit (``edits=``) fired at this op or inside this call
-    # a diff drawing (``cmp.draw``): the largest relative difference here (None: none compared)
-    # and, for an op, "matched", "changed", "added" (second run only) or "removed" (first only)
-    diff: float | None = None
+    # the number the drawing is coloured by (a diff's relative difference, a gradient norm,
+    # an overlay; a module: its largest; None: none), and in a diff, for an op, "matched",
+    # "changed", "added" (second run only) or "removed" (first run only)
+    metric: float | None = None
     status: str = ""
 
 

@@ -10,7 +10,7 @@
   const PAD = 10, HEAD = 18, FAN = 3, NS = "http://www.w3.org/2000/svg";
   const S = {
     expanded: new Set(D.start.expanded), unfolded: new Set(D.start.unfolded),
-    rolled: D.start.rolled, colorBy: D.diff ? "diff" : "", selected: null, pinned: false, hits: [], hit: -1,
+    rolled: D.start.rolled, colorBy: D.metric ? "metric" : "", selected: null, pinned: false, hits: [], hit: -1,
     labels: true, view: { x: 0, y: 0, k: 1 },
   };
   const children = Array.from({ length: N }, () => []);
@@ -246,12 +246,12 @@
   }
 
   // ---- colour --------------------------------------------------------------------------------
-  const METRICS = { time_ns: "time", flops: "FLOPs", params: "parameters", bytes: "output bytes", diff: "relative difference" };
+  const METRICS = { time_ns: "time", flops: "FLOPs", params: "parameters", bytes: "output bytes", metric: D.metric || "" };
   const RAMP = T.name === "dark" ? ["#3d2611", "#b35c1e", "#ffb26b"] : ["#fff1e0", "#fd8d3c", "#a63603"];
-  function metric(u, key) {
-    if (u.op !== undefined) return O[key][u.op];
-    const g = foldedGroup(u.call);
-    return g ? g[key] : C[u.call][key];
+  function metric(u, key) { // a magnitude: gradients and overlays may be negative
+    const g = u.op === undefined ? foldedGroup(u.call) : null;
+    const v = u.op !== undefined ? O[key][u.op] : g ? g[key] : C[u.call][key];
+    return key === "metric" && v !== null && v !== undefined ? Math.abs(v) : v;
   }
   function hex(c) { return [1, 3, 5].map((i) => parseInt(c.slice(i, i + 2), 16)); }
   function mix(a, b, t) {
@@ -266,7 +266,7 @@
   }
   function fmt(v, key) {
     if (v === null || v === undefined) return "—";
-    if (key === "diff") return v >= 1e30 ? "inf/nan" : v.toExponential(2);
+    if (key === "metric") return Math.abs(v) >= 1e30 ? "inf/nan" : v.toExponential(2);
     if (key === "time_ns") return v >= 1e6 ? (v / 1e6).toFixed(2) + " ms" : (v / 1e3).toFixed(1) + " µs";
     if (key === "bytes") return v >= 1 << 20 ? (v / (1 << 20)).toFixed(2) + " MiB" : v >= 1024 ? (v / 1024).toFixed(1) + " KiB" : v + " B";
     for (const [n, s] of [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "K"]]) if (v >= n) return (v / n).toFixed(1) + s;
@@ -331,7 +331,7 @@
       ? `<div class="ramp" style="background:linear-gradient(90deg,${RAMP.join(",")})"></div>` +
         `<div class="ends"><span>${fmt(sc.min, S.colorBy)}</span><span>log scale</span><span>${fmt(sc.max, S.colorBy)}</span></div>`
       : "<div>no values</div>") +
-      `<div><span class="none" style="background:${T.node_fill}"></span>${S.colorBy === "diff" ? "equal, or not compared" : "no value"}</div>` +
+      `<div><span class="none" style="background:${T.node_fill}"></span>${S.colorBy === "metric" && D.diff ? "equal, or not compared" : "no value"}</div>` +
       (D.diff ? `<div class="diffkey"><span class="d-added"></span>only in ${esc(D.diff.b)} <span class="d-removed"></span>only in ${esc(D.diff.a)}</div>` +
         (D.diff.first_op !== null && D.diff.first_op !== undefined ? `<div>first divergence: <a data-op="${D.diff.first_op}">${esc(D.diff.first)}</a></div>` : "<div>no divergence</div>") : "");
   }
@@ -446,6 +446,7 @@
         row("output", `<span class="shape">${esc(O.shape[i] || "—")}</span> ${esc(O.dtype[i])}`) +
         row("params", fmt(O.params[i], "params")) + row("FLOPs", fmt(O.flops[i], "flops")) +
         row("time", fmt(O.time_ns[i], "time_ns")) + row("bytes", fmt(O.bytes[i], "bytes")) +
+        (D.metric && !D.diff ? row(esc(D.metric), fmt(O.metric[i], "metric")) : "") +
         row("parents", O.parents[i].map(link).join(" ") || "—") + row("children", children[i].map(link).join(" ") || "—") +
         (O.dinfo && O.dinfo[i] ? diffRows(O.dinfo[i]) : "") + "</table>";
     } else {
@@ -456,7 +457,7 @@
         row("output", `<span class="shape">${esc(C[c].shape || "—")}</span>`) + row("ops", src.ops) +
         row("params", fmt(src.params, "params")) + row("FLOPs", fmt(src.flops, "flops")) +
         row("time", fmt(src.time_ns, "time_ns")) + row("bytes", fmt(src.bytes, "bytes")) +
-        (D.diff ? row("largest diff", fmt(src.diff, "diff")) : "") + "</table>";
+        (D.metric ? row("largest " + esc(D.metric), fmt(src.metric, "metric")) : "") + "</table>";
       const buttons = [];
       if (folded) buttons.push(`<button data-act="unfold" data-call="${c}">${g.kind === "fold" ? "Unfold" : "Unroll"} into ${g.count} calls</button>`);
       else if (g && g.kind === "fold") buttons.push(`<button data-act="fold" data-group="${C[c].group}">Fold back ×${g.count}</button>`);
@@ -510,7 +511,7 @@
       (hasRolls ? `<label><input id="rolled" type="checkbox"${S.rolled ? " checked" : ""}> roll loops</label>` : "") +
       `<label>colour <select id="color"><option value="">kind</option><option value="time_ns">time</option>` +
       `<option value="flops">FLOPs</option><option value="params">parameters</option><option value="bytes">output bytes</option>` +
-      (D.diff ? `<option value="diff" selected>difference</option>` : "") + `</select></label>` +
+      (D.metric ? `<option value="metric" selected>${esc(D.metric)}</option>` : "") + `</select></label>` +
       `<label><input id="labels" type="checkbox" checked> shapes on edges</label><button id="fit">Fit</button>` +
       `<span id="count" class="count"></span></div><div class="banner" id="banner"></div>` +
       `<div class="main"><svg class="graph" id="graph" xmlns="${NS}"><defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">` +

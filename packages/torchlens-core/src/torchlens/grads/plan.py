@@ -1,0 +1,93 @@
+"""``save_grads=`` and ``grad_edits=`` resolved against the model before any forward: the
+sites (the vocabulary of ``save=``), the edits (those of ``tl.edits`` that make sense on a
+gradient), and the refusals that need no forward (grad mode off, a meta model)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..edits.values import as_edit
+from ..errors import InputTypeError
+from ..sites import Site, resolve
+from .backward import GradState, unavailable
+from .observer import GradObserver
+
+FORWARD_ONLY = ("patch", "mean", "skip")  # edits whose value comes from a forward
+
+
+class GradPlan:
+    """What a ``save_grads`` capture notes, and what its backward will edit."""
+
+    def __init__(self, observer: GradObserver, edits: list[tuple[Site, Any]], texts: list[str]):
+        self.observer, self.edits, self.texts = observer, edits, texts
+
+    def state(self, output: Any, model: torch.nn.Module) -> GradState:
+        return GradState(self.observer, output, self.edits, list(model.parameters()),
+                         self.texts)
+
+
+def plan_grads(save_grads: Any, grad_edits: Any, inv: Any, model: torch.nn.Module
+               ) -> GradPlan | None:
+    """None when neither is asked; otherwise the plan, or a refusal before any forward."""
+    if save_grads is None and not grad_edits:
+        return None
+    if not torch.is_grad_enabled():
+        raise unavailable("grad mode is off here (torch.no_grad() or torch.inference_mode()), "
+                          "so the forward builds no autograd graph",
+                          teach=["with torch.enable_grad():\n    trace = tl.trace(model, x, "
+                                 "save_grads=...)"])
+    if inv.has_meta:
+        raise unavailable("the model has parameters on the meta device, which hold no values",
+                          teach=["model.to_empty(device='cpu'); model.load_state_dict(weights)  "
+                                 "# then tl.trace(model, x, save_grads=...)"])
+    addresses = [address for address, _ in inv.modules if address]
+    name = type(model).__name__
+    every = save_grads == "all"
+    texts = [] if every or save_grads is None else (
+        [save_grads] if isinstance(save_grads, str) else save_grads)
+    if not every and (not isinstance(texts, (list, tuple)) or
+                      not all(isinstance(t, str) for t in texts)):
+        raise InputTypeError(f"save_grads= takes 'all' or a list of sites, not {save_grads!r}",
+                             code="save_selection_invalid",
+                             teach=['tl.trace(model, x, save_grads="all")',
+                                    'tl.trace(model, x, save_grads=["transformer.h.*"])'])
+    sites = [site for text in texts for site in resolve(
+        text, addresses, option="save_grads=", model_class=name, code="save_selection_invalid",
+        example=lambda c: f"tl.trace(model, x, save_grads=[{c!r}])")]
+    edits: list[tuple[Site, Any]] = []
+    if grad_edits:
+        if not isinstance(grad_edits, Mapping):
+            raise InputTypeError("grad_edits= takes a mapping {site: edit}",
+                                 code="edit_invalid",
+                                 teach=["tl.trace(model, x, save_grads='all', "
+                                        "grad_edits={'relu_3': tl.edits.zero()})"])
+        for text, value in grad_edits.items():
+            edit = as_edit(value)
+            if edit.kind in FORWARD_ONLY:
+                raise InputTypeError(
+                    f"tl.edits.{edit.kind} takes its value from a forward; a gradient edit "
+                    "takes zero, scale, add, replace or a callable", code="edit_invalid",
+                    teach=[f"grad_edits={{{text!r}: tl.edits.zero()}}",
+                           f"grad_edits={{{text!r}: lambda grad, op: grad * 0.5}}"])
+            for site in resolve(text, addresses, option="grad_edits=", model_class=name,
+                                code="edit_site_unknown",
+                                example=lambda c: f"grad_edits={{{c!r}: tl.edits.zero()}}"):
+                edits.append((site, edit))
+    observer = GradObserver(sites + [site for site, _ in edits], every)
+    return GradPlan(observer, edits, ["all"] if every else list(texts))
+
+
+def needing_grad(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Floating-point inputs as leaves that require grad (the caller's tensors untouched), so
+    that the input and every op after it have a gradient even in a frozen model."""
+    from torch.utils._pytree import tree_map_only
+
+    def lift(t: torch.Tensor) -> torch.Tensor:
+        if t.requires_grad or not (t.is_floating_point() or t.is_complex()):
+            return t
+        return t.detach().requires_grad_(True)
+
+    return tree_map_only(torch.Tensor, lift, args), tree_map_only(torch.Tensor, lift, kwargs)
