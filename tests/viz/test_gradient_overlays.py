@@ -106,3 +106,41 @@ def test_the_summary_adds_a_gradient_norm_column():
     with pytest.raises(tl.TorchLensError) as err:
         tl.summary(model, x, grads="yes")
     assert err.value.code == "option_invalid"
+
+
+def test_the_backward_graph_is_drawn_with_its_forward_ops_and_modules(tmp_path, open_viewer):
+    model, x = _model()
+    trace = tl.trace(model, x, save_grads="all")
+    trace.draw(backward=True, path=tmp_path / "b.svg")
+    svg = (tmp_path / "b.svg").read_text()
+    titles = list(_nodes(svg))
+    accumulate = [t for t in titles if t.startswith("AccumulateGrad_")]
+    assert len(accumulate) == len(list(model.parameters())) + 1  # and the input's
+    for name in ("0.weight", "0.bias", "2.0.weight", "3.bias"):
+        assert f"into {name}.grad" in svg
+    assert "for tanh_1" in svg and "into input_1" in svg and "Sequential backward" in svg
+    assert {"AddmmBackward0_1", "TanhBackward0_1", "ReluBackward0_1"} <= set(titles)
+    assert "2.0: Linear" in svg  # each node inside the module call of its forward op
+    trace.draw(backward=True, path=tmp_path / "b.html")
+    v = open_viewer(tmp_path / "b.html")
+    v.page.click("#expand-all")
+    assert v.nodes() == len(titles) and v.errors == []
+    trace.backward(lambda out: out.sum())  # frees the graph
+    with pytest.raises(tl.TorchLensError) as err:
+        trace.draw(backward=True, path=tmp_path / "c.svg")
+    assert err.value.code == "grads_graph_freed"
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.trace(model, x).draw(backward=True, path=tmp_path / "c.svg")
+    assert err.value.code == "grads_unavailable"
+
+
+def test_resnet18_backward_graph_has_one_accumulate_per_parameter(tmp_path):
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    trace = tl.trace(model, torch.randn(1, 3, 32, 32), save=None, save_grads="all")
+    trace.draw(backward=True, path=tmp_path / "r.svg", collapse="none")
+    svg = (tmp_path / "r.svg").read_text()
+    assert svg.count(">AccumulateGrad_") == len(list(model.parameters())) + 1
+    assert "into layer4.1.conv2.weight.grad" in svg and "for conv2d_20" in svg

@@ -492,17 +492,28 @@ class Trace:
              open_viewer: bool = False, renderer: str | None = None,
              roll_recurrent: bool = False, fold: bool | None = None,
              node_budget: int | None = None, max_nodes: int | None = 2000,
-             color: str | None = None, overlay: Any = None, **unknown: Any):
+             color: str | None = None, overlay: Any = None, backward: bool = False,
+             **unknown: Any):
         """Render the graph through a renderer plugin; returns a detached ``tl.viz.Drawing``.
 
         ``collapse="none"`` by default here ("auto", "modules" or a module depth fold it);
         ``path="g.html"`` (or ``file_format="html"``) writes one interactive page.
         ``color="grad_norm"`` colours by gradient norm (after ``trace.backward``), ``overlay=``
-        by your own number per op. Every dial is documented on ``torchlens.viz.draw_trace``;
+        by your own number per op. ``backward=True`` draws the autograd graph the forward made
+        (a ``save_grads=`` trace, before a backward frees it), each node in the module call of
+        the forward op it belongs to. Every dial is documented on ``torchlens.viz.draw_trace``;
         an unknown keyword refuses typed.
         """
         from .viz import draw_trace
 
+        if backward:
+            from .grads.graph import backward_trace
+
+            return backward_trace(self).draw(
+                collapse=collapse, module=module, depth=depth, theme=theme, direction=direction,
+                file_format=file_format, path=path, open_viewer=open_viewer, renderer=renderer,
+                roll_recurrent=roll_recurrent, fold=fold, node_budget=node_budget,
+                max_nodes=max_nodes, color=color, overlay=overlay, **unknown)
         return draw_trace(self, collapse=collapse, module=module, depth=depth, theme=theme,
                           direction=direction, file_format=file_format, path=path,
                           open_viewer=open_viewer, renderer=renderer,

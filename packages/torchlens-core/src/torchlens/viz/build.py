@@ -206,6 +206,8 @@ class _Builder:
                 lines.append(f"{self._call_name(key, cluster)} · {call.type}")
         elif op.kind == "input" and isinstance(op.slot, str) and not op.slot.isdigit():
             lines.append(op.slot)
+        if op.meta and op.meta.get("note"):  # a drawn graph's own word on the node
+            lines.append(op.meta["note"])
         count = max(count, self.remap.op_count.get(op.label, 1))
         if count > 1:
             title += f" ×{count}"

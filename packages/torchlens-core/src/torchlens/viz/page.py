@@ -144,6 +144,8 @@ class _Page:
             lines.append(f"{self._name(stack[-1])} · {call.type}")
         elif op.kind == "input" and isinstance(op.slot, str) and not op.slot.isdigit():
             lines.append(op.slot)
+        if op.meta and op.meta.get("note"):  # a drawn graph's own word on the node
+            lines.append(op.meta["note"])
         detail = detail_line(shape, params, op.dtype)
         edits = b.edits_in([op.label])
         diff = [diff_line(op.meta["diff"], b.diff_names)] if b.diff else []
