@@ -255,3 +255,15 @@ def write_results(json_path: str, res: dict[str, Any], text: str) -> None:
     Path(json_path).write_text(json.dumps(res, indent=1))
     Path(json_path).with_suffix(".md").write_text(text)
     print(text)
+
+
+def save_results(name: str, report: dict[str, Any], lines: list[str]) -> None:
+    """``results/<name>.json`` (every figure) and ``results/<name>.txt`` (the printed lines)."""
+    import json
+
+    folder = os.path.join(os.path.dirname(__file__), "results")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, f"{name}.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=1)
+    with open(os.path.join(folder, f"{name}.txt"), "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")

@@ -19,7 +19,6 @@ table. Targets (issue 48): GPT-2 compare <= 0.5x one capture; 70B compares <= 3 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,11 +27,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import build_model, machine, summarize, time_rounds  # noqa: E402
+from _common import build_model, machine, save_results, summarize, time_rounds  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-
-HERE = os.path.dirname(__file__)
 
 
 def _compare(a: Any, b: Any) -> tuple[Any, str]:
@@ -113,11 +110,7 @@ def main() -> None:
         report["llama-3-70b"], more = llama70b()
         lines += more
         print("\n".join(more), flush=True)
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "compare.json"), "w", encoding="utf-8") as fh:
-        json.dump(report, fh, indent=1)
-    with open(os.path.join(HERE, "results", "compare.txt"), "w", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
+    save_results("compare", report, lines)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ gives the same product (``tl.trace(save="all", edits=...)``). Results go to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
@@ -28,11 +27,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import build_model, call, machine, summarize, time_rounds  # noqa: E402
+from _common import build_model, call, machine, save_results, summarize, time_rounds  # noqa: E402
 
 import torchlens as tl  # noqa: E402
-
-HERE = os.path.dirname(__file__)
 
 
 def sites(model: torch.nn.Module, x: Any, name: str) -> dict[str, tuple[str, Any, Any]]:
@@ -131,11 +128,7 @@ def main() -> None:
         report["models"][name] = {"summary": row, "stats": stats}
         print("\n".join(lines[-3 if name == "gpt2" else -2:]), flush=True)
         del model, x, methods
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "edits.json"), "w", encoding="utf-8") as fh:
-        json.dump(report, fh, indent=1)
-    with open(os.path.join(HERE, "results", "edits.txt"), "w", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
+    save_results("edits", report, lines)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ and ``.txt``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,11 +31,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import build_model, call, machine, summarize, time_rounds  # noqa: E402
+from _common import build_model, call, machine, save_results, summarize, time_rounds  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
-HERE = os.path.dirname(__file__)
 SITE = {"resnet18": "layer3", "gpt2": "transformer.h.6"}
 
 
@@ -148,11 +146,7 @@ def main() -> None:
     report["attribution_patching"], line = attribution(not args.no_sweep)
     lines.append(line)
     print(line, flush=True)
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "grads.json"), "w", encoding="utf-8") as fh:
-        json.dump(report, fh, indent=1)
-    with open(os.path.join(HERE, "results", "grads.txt"), "w", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
+    save_results("grads", report, lines)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def test_the_readme_gradients_section_runs(capsys, tmp_path, monkeypatch):
     text = README.read_text()
-    start, end = text.index("## Gradients and attribution"), text.index("## Compare two runs")
+    start = text.index("## Gradients and attribution")
+    end = text.index("## Generation and loops")
     blocks = re.findall(r"```python\n(.*?)\n```", text[start:end], flags=re.S)
     assert len(blocks) == 1
     monkeypatch.chdir(tmp_path)

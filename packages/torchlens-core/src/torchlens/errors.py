@@ -100,6 +100,10 @@ CODES: dict[str, str] = {
     "grads_target_invalid": "trace.backward's target is not one number that needs a gradient",
     "grads_graph_freed": "a second trace.backward after the first freed the graph (no "
                          "retain_graph=True)",
+    "steps_nested": "tl.steps on a model a step run is already capturing",
+    "steps_not_reached": "at_steps= named a step the block never reached (or run[i] past its "
+                         "end)",
+    "step_not_captured": "run[i] for a step at_steps= did not choose",
     "drawing_too_large": "a static drawing too large for dot to lay out in seconds (refused "
                          "before layout)",
 }

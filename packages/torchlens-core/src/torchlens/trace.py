@@ -203,6 +203,15 @@ class Module:
                        range(1, len(self.calls) + 1)][:3])
         return self.calls[0].grad
 
+    def copy(self, rename: dict[str, str] | None = None) -> Module:
+        """A copy with calls of its own (op labels renamed by ``rename``), for another Trace:
+        linking a Trace points its calls at that trace's ops."""
+        rename = rename or {}
+        calls = [ModuleCall(c.address, c.pass_num, c.type, [rename.get(x, x) for x in c.ops],
+                            [rename.get(x, x) for x in c.output_ops], c.time_ns,
+                            positions=list(c.positions)) for c in self.calls]
+        return Module(self.address, self.type, self.depth, self.num_params, calls)
+
     def row(self) -> dict[str, Any]:
         return {"address": self.address, "type": self.type, "depth": self.depth,
                 "num_params": self.num_params, "calls": [c.row() for c in self.calls]}

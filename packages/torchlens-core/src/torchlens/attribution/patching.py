@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InputError, InputTypeError
+from ..errors import InputTypeError
 from ..patching.grid import PatchingSweep
-from ..patching.sweep import _check_inputs, _positions, _rows
+from ..patching.sweep import _check_inputs, _rows, checked_positions
 
 SURFACE = "attribution.patching"
 
@@ -70,13 +70,7 @@ def patching(model: nn.Module, clean: Any, corrupt: Any, metric: Callable[[Any],
         target = metric(run.output)
         corrupt_metric = float(target.detach())
         run.backward(target)
-    length = _positions(source, rows[0])
-    positions = list(range(length)) if positions is None else list(positions)
-    for p in positions:
-        if isinstance(p, bool) or not isinstance(p, int) or not -length <= p < length:
-            raise InputError(f"positions= holds {p!r}, not a position of dimension 1 (length "
-                             f"{length})", code="option_invalid",
-                             teach=[f"tl.attribution.patching(..., positions=range({length}))"])
+    positions = checked_positions(source, rows[0], positions, "tl.attribution.patching")
     raw = torch.empty(len(rows), len(positions), dtype=torch.float64)
     for i, row in enumerate(rows):
         delta = (_at(source, row, "out").double() - _at(run, row, "out").double()) \

@@ -12,7 +12,7 @@ import functools
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from math import prod
 from operator import itemgetter
 from typing import Any
@@ -92,7 +92,7 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
             provenance: dict | None = None, replay: bool = False,
             inv: Inventory | None = None, edits: Any = None, templates: bool = False,
-            grads: Any = None) -> Trace:
+            grads: Any = None, keep_output: bool = False) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace.
 
     ``replay=True`` also keeps each op's call template and live output (for validation) in
@@ -102,15 +102,17 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     ``templates=True`` keeps each op's call template (and the ops a Python decision read) in
     ``trace._objects["templates"]``, for ``trace.push``. ``grads``: a ``grads.GradPlan`` whose
     observer shares the seam; its state (with the live output) goes to
-    ``trace._objects["grads"]``, for ``trace.backward``.
+    ``trace._objects["grads"]``, for ``trace.backward``. ``keep_output``: what the forward
+    returned, as it returned it, in ``trace._objects["forward_output"]`` (a step's caller
+    needs it: a generation loop reads the logits and the cache).
     """
     with paused():
         return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model),
-                        edits, templates, grads)
+                        edits, templates, grads, keep_output)
 
 
 def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan=None,
-             templates=False, grads=None) -> Trace:
+             templates=False, grads=None, keep_output=False) -> Trace:
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     # the inventory's id tables (each capture takes its own inventory, so they are its to grow)
     state = CaptureState(inv.param_ids, inv.buffer_ids, save_all, save_labels)
@@ -142,7 +144,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
         with quiet_hooks(model, offloaded, state), eager(), recorder:
             out = model(*args, **kwargs)
         structure = _output_node(state, out, "", 0, [0])
-        live = out if grads is not None else None
+        live = out if grads is not None or keep_output else None
         if not replay:
             del out  # what the forward returned is copied; let its graph go before settling
     except BaseException as exc:
@@ -179,6 +181,8 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
     result._objects["output_values"] = state.output_objects
     if grads is not None:
         result._objects["grads"] = grads.state(live, model)
+    if keep_output:
+        result._objects["forward_output"] = live
     if templates:
         result._objects["templates"] = {"calls": state.calls, "autocast": state.autocast,
                                         "orders": state.orders, "decided": state.decided}
@@ -187,6 +191,33 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
                           "grads": state.grads, "versions": state.versions,
                           "orders": state.orders, "autocast": state.autocast}
     return result
+
+
+def raw_records(trace: Trace) -> tuple[list, dict] | None:
+    """The records and kept values of a capture not yet materialized (None once it is): what
+    a step run compares and keeps of a step whose graph an earlier step already has."""
+    pending = trace._pending
+    if pending is None or not isinstance(pending, functools.partial):
+        return None
+    state = pending.args[0]
+    return state.records, state.values
+
+
+def record_costs(record: tuple, weight_shape: Callable[[str], Any]) -> tuple:
+    """(shape, out_shapes, nbytes, flops) of one raw record, as ``_objects`` makes them for
+    its Op (which does it inline: it is the loop over every op of a capture)."""
+    func, shape, dtype, out_shapes, nbytes, flops = (record[0], record[5], record[6],
+                                                     record[8], record[9], record[12])
+    if nbytes is None:
+        nbytes = prod(shape) * dtype.itemsize
+    if type(flops) is str:
+        flops = flops_of_weight(func, weight_shape(flops), shape)
+    elif flops is not None and type(flops) is not int:
+        flops = flops_of(func, *flops, shape)
+    shape = list(shape)
+    if out_shapes is not None:
+        shape, out_shapes = _dims(shape), [_dims(s) for s in out_shapes]
+    return shape, out_shapes if out_shapes is not None else [shape], nbytes, flops
 
 
 def _plug(state: CaptureState, plan: Any) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from typing import Any
 
-from ..trace import Module, ModuleCall, Op, Trace
+from ..trace import Module, Op, Trace
 from .comparison import STAT_KEYS, Comparison, DiffRow
 
 LARGE = 1e30  # an infinite or NaN difference, coloured as the largest (JSON has no inf)
@@ -30,13 +30,6 @@ def op_diff(row: DiffRow) -> dict[str, Any]:
     return out
 
 
-def _copy_module(module: Module, rename: dict[str, str]) -> Module:
-    calls = [ModuleCall(c.address, c.pass_num, c.type, [rename.get(x, x) for x in c.ops],
-                        [rename.get(x, x) for x in c.output_ops], c.time_ns,
-                        positions=list(c.positions)) for c in module.calls]
-    return Module(module.address, module.type, module.depth, module.num_params, calls)
-
-
 def union_trace(cmp: Comparison) -> Trace:
     """b's graph plus the ops only a has, ready to draw."""
     a, b = cmp.a, cmp.b
@@ -53,10 +46,10 @@ def union_trace(cmp: Comparison) -> Trace:
                 f":{op.pass_num}" if ":" in row.a else "")
             rename[row.a] = label
             taken.add(label)
-    modules = {address: _copy_module(m, {}) for address, m in b.modules.items()}
+    modules = {address: m.copy() for address, m in b.modules.items()}
     for address, m in a.modules.items():
         if address not in modules:
-            modules[address] = _copy_module(m, rename)
+            modules[address] = m.copy(rename)
     ops: list[Op] = []
     for row in cmp.rows:
         if row.b is not None:

@@ -79,13 +79,7 @@ def sweep(model: nn.Module, clean: Any, corrupt: Any, /, *, sites: str | Iterabl
                        processor=processor, preprocess=preprocess)
         clean_metric = float(metric(model(*good.args, **good.kwargs)))
         corrupt_metric = float(metric(model(*bad.args, **bad.kwargs)))
-        length = _positions(source, rows[0])
-        positions = list(range(length)) if positions is None else list(positions)
-        for p in positions:
-            if isinstance(p, bool) or not isinstance(p, int) or not -length <= p < length:
-                raise InputError(f"positions= holds {p!r}, not a position of dimension 1 "
-                                 f"(length {length})", code="option_invalid",
-                                 teach=[f"tl.patching.sweep(..., positions=range({length}))"])
+        positions = checked_positions(source, rows[0], positions, "tl.patching.sweep")
         cells = [(i, j) for i in range(len(rows)) for j in range(len(positions))]
         raw = torch.empty(len(rows), len(positions), dtype=torch.float64)
         forwards = 0
@@ -134,6 +128,19 @@ def _check_inputs(good: Any, bad: Any, batch_size: int) -> None:
         raise InputError("batch_size > 1 repeats the corrupt input along its batch dimension, "
                          "which must be 1", code="option_invalid",
                          teach=["tl.patching.sweep(..., batch_size=1)"])
+
+
+def checked_positions(source: Any, row: str, positions: Iterable[int] | None,
+                      surface: str) -> list[int]:
+    """``positions=`` checked against dimension 1 of ``row``'s value (None: all of them)."""
+    length = _positions(source, row)
+    positions = list(range(length)) if positions is None else list(positions)
+    for p in positions:
+        if isinstance(p, bool) or not isinstance(p, int) or not -length <= p < length:
+            raise InputError(f"positions= holds {p!r}, not a position of dimension 1 "
+                             f"(length {length})", code="option_invalid",
+                             teach=[f"{surface}(..., positions=range({length}))"])
+    return positions
 
 
 def _positions(source: Any, row: str) -> int:

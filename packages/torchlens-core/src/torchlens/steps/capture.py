@@ -1,0 +1,134 @@
+"""``with tl.steps(model, ...) as run:``: every top-level call of ``model`` inside the block is
+one step (a user's loop, ``lm.generate``, a scheduler's denoising loop); calls of submodules
+alone are not steps. The chosen steps (``at_steps=``) are captured with ``save=`` and
+``edits=``; the others run the model's own forward behind a step counter.
+
+While the block runs, ``model.forward`` is an instance attribute that counts the call and, on a
+chosen step, runs it through the capture (which calls the model's own forward inside); the
+model's own ``forward`` comes back when the block ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from torch import nn
+
+from ..errors import InputTypeError, TorchLensError
+from .run import StepRun
+
+MARK = "_torchlens_steps"
+
+
+class StepError(TorchLensError, RuntimeError):
+    """A step run that cannot start, or that ended without a step it was asked for."""
+
+
+def _selector(at_steps: Any) -> tuple[Callable[[int], bool], list[int]]:
+    """(is step k chosen?, the explicit indices to check were reached)."""
+    if at_steps is None:
+        return (lambda k: True), []
+    if isinstance(at_steps, slice):
+        start, stop = at_steps.start or 0, at_steps.stop
+        step = 1 if at_steps.step is None else at_steps.step
+        if start < 0 or (stop is not None and stop < 0) or step < 1:
+            raise InputTypeError(f"at_steps={at_steps!r}: a slice of step indices from 0",
+                                 code="option_invalid", teach=["at_steps=slice(0, 3)"])
+        return (lambda k: k >= start and (stop is None or k < stop) and
+                (k - start) % step == 0), []
+    if callable(at_steps):
+        return (lambda k: bool(at_steps(k))), []
+    if isinstance(at_steps, int) and not isinstance(at_steps, bool):
+        at_steps = [at_steps]
+    if isinstance(at_steps, Iterable):
+        chosen = list(at_steps)
+        if all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in chosen):
+            wanted = set(chosen)
+            return (lambda k: k in wanted), sorted(wanted)
+    raise InputTypeError(
+        f"at_steps= takes step indices, a slice or a callable step -> bool, not {at_steps!r}",
+        code="option_invalid",
+        teach=["at_steps=[0, 1, 2]", "at_steps=slice(1, None)", "at_steps=lambda k: k % 4 == 0"])
+
+
+@contextlib.contextmanager
+def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: Any = None,
+          allow_unfired: bool = False) -> Iterator[StepRun]:
+    """Capture every top-level call of ``model`` made in the block as one step.
+
+    ``save=`` and ``edits=`` are those of ``tl.trace`` (checked before the block runs), applied
+    on the steps ``at_steps=`` chooses (indices, a slice, or a callable; default: every step).
+    ``run.steps`` holds a Trace per captured step; ``len(run)`` the calls made. A step named in
+    ``at_steps`` that the block never reached refuses ``steps_not_reached`` when the block ends;
+    an exception in the block carries the steps so far as ``err.partial_run``.
+    """
+    from ..capture.engine import capture, parse_save
+    from ..capture.inventory import inventory
+    from ..verbs import checked_inventory, plan_edits
+
+    if not isinstance(model, nn.Module):
+        raise InputTypeError(f"tl.steps takes a torch.nn.Module, not {type(model).__name__}",
+                             code="model_invalid", teach=["with tl.steps(model) as run: ..."])
+    if MARK in model.__dict__:
+        raise StepError("tl.steps is already capturing this model: a step run cannot hold "
+                        "another", code="steps_nested",
+                        teach=["end the outer `with tl.steps(model)` block first"])
+    inv = checked_inventory(model, "steps")
+    parse_save(save, model, inv)
+    plan = plan_edits(edits, inv, model, allow_unfired, "steps")
+    chosen, wanted = _selector(at_steps)
+    run = StepRun(type(model).__name__, at_steps)
+    had_own = "forward" in model.__dict__
+    original = model.forward
+    inside = [False]
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if inside[0]:  # the capture's own call of the model
+            return original(*args, **kwargs)
+        index = run.count
+        run.count += 1
+        if not chosen(index):
+            start = time.perf_counter_ns()
+            out = original(*args, **kwargs)
+            run.skipped_ns += time.perf_counter_ns() - start
+            return out
+        inside[0] = True
+        try:
+            if plan is not None:
+                plan.fired.clear()
+                plan.norms.clear()
+            trace = capture(model, args, kwargs, save=save, inv=inventory(model), edits=plan,
+                            keep_output=True)
+        finally:
+            inside[0] = False
+        out = trace._objects.pop("forward_output")
+        trace.meta["step"] = index
+        run.add(index, trace)
+        return out
+
+    model.__dict__[MARK] = run
+    model.forward = forward
+    try:
+        yield run
+    except BaseException as exc:
+        exc.partial_run = run
+        raise
+    finally:
+        if had_own:
+            model.forward = original
+        else:
+            del model.forward
+        del model.__dict__[MARK]
+    missing = [k for k in wanted if k >= run.count]
+    if missing:
+        err = StepError(f"at_steps names step(s) {missing} but the block made {run.count} "
+                        "call(s) of the model", code="steps_not_reached",
+                        teach=[f"at_steps={[k for k in wanted if k < run.count]}"
+                               if run.count else "call the model inside the block"])
+        err.partial_run = run
+        raise err

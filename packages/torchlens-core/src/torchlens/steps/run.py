@@ -1,0 +1,195 @@
+"""A run of many forwards as one capture: ``run[i]`` one step's Trace, ``run.values(site)``
+the site over the steps, ``print(run)`` a table of steps.
+
+Steps whose op graphs are the same (the same ops, in the same module calls, reading the same
+inputs) share one structure: the first such step keeps its Trace, a later one keeps only its
+saved values, its op times, the shapes that differ (a KV cache grows every step) and its edit
+rows, and ``run[i]`` rebuilds its Trace from the shared one. Every decoding step after a
+prefill costs its values and eight bytes an op, not a copy of the graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from typing import Any
+
+import torch
+
+from ..capture.engine import raw_records, record_costs
+from ..trace import Trace
+
+R_FUNC, R_FRAME, R_PARENTS, R_SHAPE, R_DTYPE, R_TIME, R_KIND = 0, 1, 2, 5, 6, 13, 15
+R_COSTS = (5, 8, 9, 12)  # shape, out_shapes, nbytes, FLOPs: a step's own where they differ
+
+
+def signature(records: list) -> tuple:
+    """What two steps must agree on to share a graph: every op's function, module call,
+    inputs, dtype and kind, in order (shapes may differ: they are each step's own)."""
+    return tuple((r[R_FUNC], r[R_FRAME][0], r[R_FRAME][1], r[R_PARENTS] if type(
+        r[R_PARENTS]) is int else tuple(r[R_PARENTS]), r[R_DTYPE], r[R_KIND])
+        for r in records)
+
+
+@dataclasses.dataclass
+class Step:
+    """One captured step: its index, the structure it shares (``shares``: the step whose
+    Trace holds the graph), and what is its own."""
+
+    index: int
+    shares: int
+    ops: int
+    time_ns: int
+    trace: Trace | None = None  # kept for the first step of each structure
+    values: dict[int, Any] | None = None  # op index -> saved value (a shared step)
+    times: array | None = None  # op times (a shared step)
+    meta: dict[str, Any] | None = None  # a shared step's own meta (its edit rows)
+    changed: dict[int, tuple] | None = None  # op index -> its raw record, where costs differ
+    token: int | None = None  # the token a generation step chose (tl.generate)
+
+
+class StepRun:
+    """The steps of one ``tl.steps`` block (or ``tl.generate``): ``len(run)`` every top-level
+    call, ``run.steps`` the captured ones' Traces, ``run[i]`` step ``i``."""
+
+    def __init__(self, model_class: str, selected: Any):
+        self.model_class = model_class
+        self._selected = selected
+        self._steps: dict[int, Step] = {}
+        self._shapes: dict[tuple, int] = {}  # structure signature -> the step holding it
+        self._records: dict[int, list] = {}  # the raw records of each structure's first step
+        self.count = 0  # top-level calls made in the block, captured or not
+        self.skipped_ns = 0  # time of the calls not captured
+        self.text: str | None = None  # tl.generate: the generated text
+        self.tokens: list[int] | None = None  # tl.generate: the generated token ids
+        self.provenance: dict[str, Any] = {}
+
+    # ---- filling -----------------------------------------------------------------------------
+    def add(self, index: int, trace: Trace) -> None:
+        """A captured step: shared with an earlier one when their graphs are the same."""
+        raw = raw_records(trace)
+        if raw is None:  # already materialized (a failed step): keep it whole
+            self._steps[index] = Step(index, index, len(trace), 0, trace=trace)
+            return
+        records, values = raw
+        key = signature(records)
+        times = array("q", (r[R_TIME] for r in records))
+        total = sum(times)
+        first = self._shapes.get(key)
+        if first is None:
+            self._shapes[key] = index
+            self._steps[index] = Step(index, index, len(records), total, trace=trace)
+            self._records[index] = records
+        else:
+            meta = {k: v for k, v in trace.meta.items() if k in ("edits", "capture_ns")}
+            base = self._records[first]
+            changed = {i: r for i, (r, b) in enumerate(zip(records, base))
+                       if any(r[k] is not b[k] and r[k] != b[k] for k in R_COSTS)}
+            self._steps[index] = Step(index, first, len(records), total, values=dict(values),
+                                      times=times, meta=meta, changed=changed)
+
+    # ---- reading -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """How many top-level calls the block made (captured or not)."""
+        return self.count
+
+    @property
+    def captured(self) -> list[int]:
+        """The indices of the steps that were captured, in order."""
+        return sorted(self._steps)
+
+    @property
+    def steps(self) -> list[Trace]:
+        """A Trace per captured step, in order."""
+        return [self[i] for i in self.captured]
+
+    def __getitem__(self, index: int) -> Trace:
+        if index < 0:
+            index += self.count
+        step = self._steps.get(index)
+        if step is None:
+            from .capture import StepError
+
+            raise StepError(
+                f"step {index} was not captured (this run made {self.count} call(s); "
+                f"captured: {self.captured[:8]}{' ...' if len(self.captured) > 8 else ''})",
+                code="steps_not_reached" if index >= self.count else "step_not_captured",
+                teach=[f"tl.steps(model, at_steps=[{index}])"])
+        if step.trace is not None:
+            return step.trace
+        return _rebuild(self._steps[step.shares].trace, step)
+
+    def shared(self, index: int) -> int:
+        """The step whose graph step ``index`` shares (itself for the first of a structure)."""
+        return self._steps[index].shares
+
+    @property
+    def structures(self) -> int:
+        """How many distinct op graphs the captured steps have."""
+        return len({s.shares for s in self._steps.values()})
+
+    def values(self, site: str) -> Any:
+        """``site``'s saved value at every captured step: stacked when the shapes agree, a
+        list otherwise."""
+        found = []
+        for i in self.captured:
+            target = self[i][site]
+            holder = target.calls[0] if hasattr(target, "calls") else target
+            value = holder.out
+            found.append(value[0] if isinstance(value, tuple) else value)
+        if found and all(v.shape == found[0].shape for v in found):
+            return torch.stack(found)
+        return found
+
+    @property
+    def edits(self) -> list[dict[str, Any]]:
+        """Every firing of every edit, with its step."""
+        rows = []
+        for i in self.captured:
+            step = self._steps[i]
+            meta = step.trace.meta if step.trace is not None else step.meta
+            record = (meta or {}).get("edits") or {"fired": []}
+            rows += [dict(row, step=i) for row in record["fired"]]
+        return rows
+
+    def __str__(self) -> str:
+        head = ("step", "ops", "graph", "time (ms)", "saved", "token")
+        lines = [head]
+        for i in self.captured:
+            step = self._steps[i]
+            saved = len(step.values) if step.values is not None else \
+                len(raw_records(step.trace)[1]) if raw_records(step.trace) else \
+                sum(op.saved for op in step.trace.ops)
+            graph = "own" if step.shares == i else f"= step {step.shares}"
+            lines.append((str(i), str(step.ops), graph, f"{step.time_ns / 1e6:.2f}", str(saved),
+                          "" if step.token is None else str(step.token)))
+        widths = [max(len(line[k]) for line in lines) for k in range(len(head))]
+        title = (f"Steps of {self.model_class}: {self.count} call(s), {len(self._steps)} "
+                 f"captured, {len(self._shapes)} distinct graph(s)")
+        if self.text is not None:
+            title += f"; generated: {self.text!r}"
+        return "\n".join([title] + ["  ".join(c.ljust(w) for c, w in zip(line, widths))
+                                    .rstrip() for line in lines])
+
+    def __repr__(self) -> str:
+        return f"<StepRun of {self.model_class}: {self.count} steps, {len(self._steps)} captured>"
+
+
+def _rebuild(template: Trace, step: Step) -> Trace:
+    """Step ``step``'s Trace: the shared graph with its own values, times, shapes and costs
+    where they differ, and edit rows."""
+    weights = {name: info["shape"] for name, info in template.params.items()}
+    ops = []
+    for op in template.ops:
+        own = {}
+        if op.index in step.changed:
+            shape, out_shapes, nbytes, flops = record_costs(step.changed[op.index], weights.get)
+            own = {"shape": shape, "out_shapes": out_shapes, "nbytes": nbytes, "flops": flops}
+        ops.append(dataclasses.replace(op, time_ns=step.times[op.index],
+                                       saved=op.index in step.values,
+                                       _value=step.values.get(op.index), **own))
+    meta = {**{k: v for k, v in template.meta.items() if k != "edits"}, **step.meta,
+            "step": step.index}
+    modules = {a: m.copy() for a, m in template.modules.items()}
+    return Trace(ops, modules, template.params, template.buffers, template.output_structure,
+                 meta, provenance=template.provenance)

@@ -1,0 +1,79 @@
+"""tl.generate (issue 47): a greedy GPT-2 generation as one run of steps, against lm.generate
+alone and hand-written hooks; edits on chosen steps; the prompt resolved as a gold input."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import torchlens as tl
+
+PROMPT = "the quick brown fox"
+
+
+@pytest.fixture
+def lm(gpt2):
+    model = gpt2.model
+    saved = (model.generation_config.eos_token_id, model.generation_config.use_cache,
+             model.config.use_cache)
+    model.generation_config.eos_token_id = None  # generate every token asked for
+    model.generation_config.use_cache = model.config.use_cache = True  # a KV cache
+    yield model
+    (model.generation_config.eos_token_id, model.generation_config.use_cache,
+     model.config.use_cache) = saved
+
+
+def _plain(lm, tokenizer, n, hook_site="transformer.h.0"):
+    kept = []
+    handle = lm.get_submodule(hook_site).register_forward_hook(
+        lambda m, a, o: kept.append((o[0] if isinstance(o, tuple) else o).detach().clone()))
+    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    try:
+        out = lm.generate(ids, max_new_tokens=n, do_sample=False,
+                          pad_token_id=tokenizer.eos_token_id)
+    finally:
+        handle.remove()
+    return out[0, ids.shape[1]:].tolist(), kept
+
+
+def test_greedy_generation_is_lm_generates_and_each_step_what_hooks_see(lm, gpt2):
+    tokens, kept = _plain(lm, gpt2.tokenizer, 8)
+    run = tl.generate(lm, PROMPT, max_new_tokens=8, save=["transformer.h.0"])
+    assert run.tokens == tokens and len(run) == 8 == len(kept)
+    assert run.text == gpt2.tokenizer.decode(tokens, skip_special_tokens=True)
+    values = run.values("transformer.h.0")  # the prefill has the prompt's length: a list
+    assert isinstance(values, list) and len(values) == 8
+    assert all(torch.allclose(v, k, atol=1e-6) for v, k in zip(values, kept))
+    assert run.structures == 2  # the prefill, and every decoding step after it
+    assert all(run.shared(i) == 1 for i in range(2, 8))
+    assert run.provenance["origin"] == "gold"
+    text = str(run)
+    assert f"generated: {run.text!r}" in text and str(tokens[3]) in text.splitlines()[5]
+    assert "forward" not in lm.__dict__
+
+
+def test_at_steps_captures_only_those_and_the_tokens_stay_the_same(lm, gpt2):
+    tokens, _ = _plain(lm, gpt2.tokenizer, 6)
+    run = tl.generate(lm, PROMPT, max_new_tokens=6, save=["transformer.h.0"], at_steps=[0])
+    assert run.tokens == tokens and run.captured == [0] and len(run) == 6
+
+
+def test_a_steering_edit_on_chosen_steps_changes_only_those(lm, gpt2):
+    tokens, kept = _plain(lm, gpt2.tokenizer, 6, hook_site="transformer.drop")
+    steer = 50.0 * torch.randn(32, generator=torch.Generator().manual_seed(3))
+    run = tl.generate(lm, PROMPT, max_new_tokens=6, save=["transformer.drop"],
+                      edits={"transformer.h.0": tl.edits.add(steer)}, at_steps=[2, 3])
+    assert sorted({row["step"] for row in run.edits}) == [2, 3]
+    assert run.tokens[:2] == tokens[:2]  # before the first edited step: the same tokens
+    assert run.tokens[2] != tokens[2]  # the steered step chose another token
+    assert torch.allclose(run[2]["transformer.drop"].out, kept[2], atol=1e-6)  # upstream
+
+
+def test_tl_generate_needs_torchlens_hf(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchlens_hf.generation", None)
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.generate  # noqa: B018
+    assert err.value.code == "dependency_missing" and "pip install torchlens-hf" in \
+        err.value.teach
