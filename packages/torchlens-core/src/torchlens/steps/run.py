@@ -152,6 +152,14 @@ class StepRun:
             rows += [dict(row, step=i) for row in record["fired"]]
         return rows
 
+    def draw(self, *, step: int | None = None, path: Any = None, **dials: Any):
+        """``path="gen.html"``: the viewer with a step selector (each distinct graph once,
+        per step its op times, shapes and token); a static format draws step ``step`` (default:
+        the first captured). Other dials as ``Trace.draw``."""
+        from .draw import draw_run
+
+        return draw_run(self, step=step, path=path, **dials)
+
     def __str__(self) -> str:
         head = ("step", "ops", "graph", "time (ms)", "saved", "token")
         lines = [head]

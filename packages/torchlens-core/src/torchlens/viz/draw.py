@@ -115,7 +115,9 @@ def _refuse_suffix(opts: DrawOptions, suffix: str, why: str) -> DrawOptionError:
     )
 
 
-def _draw(trace: Any, opts: DrawOptions) -> Drawing:
+def _draw(trace: Any, opts: DrawOptions, pages: Any = None) -> Drawing:
+    """``pages``: ``opts -> PageModel`` for an interactive renderer, when the caller builds the
+    page itself (a step run's page holds every step)."""
     name, cls, fmt = _pick(opts)
     notebook = output.in_notebook()
     fmt = fmt or _default_format(cls, notebook=notebook and opts.path is None)
@@ -123,7 +125,7 @@ def _draw(trace: Any, opts: DrawOptions) -> Drawing:
     renderer = cls()
     page = None
     if getattr(cls, "interactive", False):  # lays the graph out itself, from the whole model
-        page = build_page(trace, opts)
+        page = pages(opts) if pages is not None else build_page(trace, opts)
         source = renderer.build_source(page)
         stats = {"ops": page.ops, "calls": len(page.data["calls"]),
                  "groups": len(page.data["groups"])}

@@ -4,7 +4,13 @@
  * module, cached) and paints it. No network: everything it needs is in this page. */
 (function () {
   "use strict";
-  const D = JSON.parse(document.getElementById("torchlens-data").textContent);
+  const ALL = JSON.parse(document.getElementById("torchlens-data").textContent);
+  // a step run: one graph per distinct op graph, each step's own times and shapes; a step of
+  // another graph is shown by reopening the page on it (#step=N)
+  const STEPS = ALL.steps || null;
+  const asked = STEPS ? +((location.hash.match(/step=(\d+)/) || [])[1] ?? STEPS.current) : 0;
+  const stepPos = STEPS && asked >= 0 && asked < STEPS.rows.length ? asked : STEPS ? STEPS.current : 0;
+  const D = STEPS ? STEPS.graphs[STEPS.rows[stepPos].graph] : ALL;
   const O = D.ops, C = D.calls, G = D.groups, T = D.theme;
   const N = O.label.length;
   const PAD = 10, HEAD = 18, FAN = 3, NS = "http://www.w3.org/2000/svg";
@@ -13,6 +19,18 @@
     rolled: D.start.rolled, colorBy: D.metric ? "metric" : "", selected: null, pinned: false, hits: [], hit: -1,
     labels: true, view: { x: 0, y: 0, k: 1 },
   };
+  const BASE = STEPS ? { shape: O.shape.slice(), lines: O.lines.map((l) => l.slice()) } : null;
+  function applyStep(pos) { // this step's own op times and the shapes that differ
+    const row = STEPS.rows[pos];
+    O.time_ns = row.time_ns.slice();
+    for (let i = 0; i < N; i++) { O.shape[i] = BASE.shape[i]; O.lines[i] = BASE.lines[i].slice(); }
+    for (const k in row.shapes) {
+      const old = BASE.shape[k], now = row.shapes[k];
+      O.shape[k] = now;
+      O.lines[k] = BASE.lines[k].map((l) => (old ? l.replace(old, now) : l));
+    }
+    S.step = pos;
+  }
   const children = Array.from({ length: N }, () => []);
   const rollCount = new Array(N).fill(1);
   for (let i = 0; i < N; i++) {
@@ -513,6 +531,9 @@
       `<option value="flops">FLOPs</option><option value="params">parameters</option><option value="bytes">output bytes</option>` +
       (D.metric ? `<option value="metric" selected>${esc(D.metric)}</option>` : "") + `</select></label>` +
       `<label><input id="labels" type="checkbox" checked> shapes on edges</label><button id="fit">Fit</button>` +
+      (STEPS ? `<label>step <select id="step">${STEPS.rows.map((r, i) => `<option value="${i}"${i === S.step ? " selected" : ""}>` +
+        `${r.step}${i === 0 && STEPS.rows.length > 1 && STEPS.rows[1].graph !== r.graph ? " (prefill)" : ""}` +
+        `${r.token !== null && r.token !== undefined ? " · token " + r.token : ""} · ${r.time_ms} ms</option>`).join("")}</select></label>` : "") +
       `<span id="count" class="count"></span></div><div class="banner" id="banner"></div>` +
       `<div class="main"><svg class="graph" id="graph" xmlns="${NS}"><defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">` +
       `<path d="M0,0L10,5L0,10z" fill="${T.edge}"/></marker></defs><g id="scene"></g></svg>` +
@@ -543,6 +564,14 @@
     document.getElementById("color").onchange = (ev) => { S.colorBy = ev.target.value; render(); };
     document.getElementById("labels").onchange = (ev) => { S.labels = ev.target.checked; render(); };
     document.getElementById("fit").onclick = fit;
+    if (STEPS) document.getElementById("step").onchange = (ev) => {
+      const pos = +ev.target.value;
+      if (STEPS.rows[pos].graph === STEPS.rows[S.step].graph) {
+        applyStep(pos); render(); if (S.selected) details(S.selected);
+        history.replaceState(null, "", "#step=" + pos);
+      }
+      else { location.hash = "step=" + pos; location.reload(); }
+    };
     el.scene.addEventListener("click", (ev) => {
       const target = ev.target.closest("[data-id]");
       if (!target) return;
@@ -607,6 +636,7 @@
     el.svg.addEventListener("click", (ev) => { if (!ev.target.closest("[data-id]")) { S.pinned = false; el.details.innerHTML = ""; } });
   }
 
+  if (STEPS) applyStep(stepPos);
   window.torchlens = {
     data: D, state: S,
     render: () => render(),
