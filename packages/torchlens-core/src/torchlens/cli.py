@@ -125,9 +125,10 @@ def _record(args) -> int:
         if not isinstance(dtype, torch.dtype):
             raise argparse.ArgumentTypeError(f"--dtype {args.dtype!r}: a torch dtype name such "
                                              "as bfloat16 or float16")
+    generate = {"max_new_tokens": args.generate} if args.generate else None
     rec = tl.record(model, read_inputs(args.inputs), save=args.save, to=args.to, dtype=dtype,
                     reduce=args.reduce, batch_size=args.batch_size, overwrite=args.overwrite,
-                    progress=False if args.no_progress else None)
+                    progress=False if args.no_progress else None, generate=generate)
     if int(os.environ.get("RANK", "0")) == 0:
         print(rec)
         for label in rec.labels:
@@ -212,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", help="store values cast, e.g. bfloat16")
     p.add_argument("--reduce", choices=["mean", "last"], help="keep one row per example")
     p.add_argument("--overwrite", action="store_true", help="start the store afresh")
+    p.add_argument("--generate", type=int, metavar="N",
+                   help="generate N new tokens per prompt and record a row per token "
+                        "(a Hugging Face generation model, torchlens-hf)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=_record)
     p = sub.add_parser("show", help="describe a saved trace file")

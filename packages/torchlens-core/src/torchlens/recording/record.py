@@ -118,7 +118,8 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
            reduce: Any = None, batch_size: int = 1,
            overwrite: bool = False, progress: bool | None = None, shard_bytes: int = SHARD_BYTES,
            tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
-           edits: Any = None) -> Recording | StoredRecording:
+           edits: Any = None, generate: Mapping[str, Any] | None = None
+           ) -> Recording | StoredRecording:
     """Record the ``save=`` ops' activations over one input or an iterable of inputs (a
     DataLoader, a list of prompts tokenized ``batch_size`` at a time).
 
@@ -128,6 +129,10 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     each rank records its share. Returns the opened store. Forwards run under ``no_grad``.
     ``edits={site: edit}`` records the edited model (every forward, each edit proven to fire;
     a store's manifest lists them, so a store of other edits refuses to resume).
+    ``generate={"max_new_tokens": 16, ...}`` records generations of a Hugging Face model
+    (torchlens-hf; prompts, ``batch_size=1``): per prompt one row per token, the prompt's and
+    each generated token fed back, with ``generate.step`` (the step that computed it) and
+    ``generate.token`` (its id) recorded beside the labels.
     """
     from ..verbs import checked_inventory, plan_edits
 
@@ -137,6 +142,11 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     save = expand_globs(list(save), [address for address, _ in inv.modules])
     parse_save(save, model, inv)  # module addresses are checked now
     plan = plan_edits(edits, inv, model, False, "record")
+    gen = None
+    if generate is not None:
+        from .generation import GenerateSpec
+
+        gen = GenerateSpec(generate, edits, batch_size, reduce)
     presplit = distributed.uses_distributed_sampler(inputs)
     items, total, prompts = _inputs(inputs)
     # one input: no code of the caller's runs before its forward, so its walk is this one
@@ -146,11 +156,13 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
         progress = sys.stderr.isatty()
     if to is None:
         return _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size,
-                                 progress, options, first_inv, plan)
+                                 progress, options, first_inv, plan, gen)
     items, first = _peek(items)
-    _check_labels(model, first, save, options, prompts, inv)
+    if gen is None:  # a generation's labels are checked by its first step
+        _check_labels(model, first, save, options, prompts, inv)
     return _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size,
-                            progress, options, Path(to), overwrite, shard_bytes, presplit, plan)
+                            progress, options, Path(to), overwrite, shard_bytes, presplit, plan,
+                            gen)
 
 
 def _peek(items: Iterable) -> tuple[Iterable, Any]:
@@ -202,7 +214,8 @@ def _bar(progress: bool, total: int | None):
 
 
 def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
-                      options, inv: Inventory | None, plan: Any = None) -> Recording:
+                      options, inv: Inventory | None, plan: Any = None, gen: Any = None
+                      ) -> Recording:
     bar = _bar(progress, total)
     batches: list[dict[str, Any]] = []
     provenance: list[dict] = []
@@ -210,7 +223,7 @@ def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_s
     try:
         for _, count, res, _, values in _captured(model, items, 0, batch_size, prompts, save,
                                                   reduce, dtype, options, as_rows=False,
-                                                  inv=inv, plan=plan):
+                                                  inv=inv, plan=plan, gen=gen):
             if not batches:
                 labels = list(values)
             provenance.append(res.provenance if plan is None else
@@ -226,7 +239,7 @@ def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_s
 
 def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
                      options, folder: Path, overwrite: bool, shard_bytes: int,
-                     presplit: bool, plan: Any = None) -> StoredRecording:
+                     presplit: bool, plan: Any = None, gen: Any = None) -> StoredRecording:
     ranks = distributed.join(model)
     if presplit and total is not None:
         total *= ranks.world
@@ -237,6 +250,8 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
                          "batch_size": batch_size if prompts else None}
         if plan is not None:
             store_options["edits"] = plan.specs()
+        if gen is not None:
+            store_options["generate"] = gen.describe()
         head = header(model, save, store_options, ranks.world)
         resume = prepare(folder, head, ranks.rank, overwrite)
         distributed.barrier(ranks)  # rank 0 has cleared the folder when asked to
@@ -247,7 +262,7 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
             bar.update(writer.items_done * ranks.world)
         try:
             _fill(model, writer, mine, prompts, save, reduce, dtype, batch_size, options, ranks,
-                  bar, plan)
+                  bar, plan, gen)
         except BaseException:
             writer.abandon()  # whole inputs recorded so far are kept
             raise
@@ -266,7 +281,7 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
 
 
 def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, options, *,
-              as_rows: bool, inv: Inventory | None = None, plan: Any = None
+              as_rows: bool, inv: Inventory | None = None, plan: Any = None, gen: Any = None
               ) -> Iterator[tuple[int, int, Any, int, dict[str, Any]]]:
     """One light capture a forward, after the first ``skip`` inputs: (first input's local
     index, inputs it covered, the resolution, its rows, the kept values). ``inv``: the model's
@@ -274,6 +289,10 @@ def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, opti
     again (a lazy module may have materialized)."""
     first = True
     for k, value, count in _forwards(items, skip, batch_size, prompts):
+        if gen is not None:  # one generation: its steps' values as one example's rows
+            res, values = gen.record(model, value, save, dtype, as_rows, options)
+            yield k, count, res, 1, values
+            continue
         res = _resolve(model, value, options, inv)
         inv = None
         n_rows, mask = batch_rows(res.args, res.kwargs)
@@ -286,10 +305,10 @@ def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, opti
 
 
 def _fill(model, writer: ShardWriter, mine, prompts, save, reduce, dtype, batch_size, options,
-          ranks, bar, plan: Any = None) -> None:
+          ranks, bar, plan: Any = None, gen: Any = None) -> None:
     for k, count, res, n_rows, values in _captured(model, mine, writer.items_done, batch_size,
                                                    prompts, save, reduce, dtype, options,
-                                                   as_rows=True, plan=plan):
+                                                   as_rows=True, plan=plan, gen=gen):
         writer.note_provenance(res.provenance, count)
         writer.add(k * ranks.world + ranks.rank, values, [1] * count if prompts else [n_rows])
         if bar is not None:
