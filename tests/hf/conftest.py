@@ -223,3 +223,16 @@ def image():
     from PIL import Image
 
     return Image.new("RGB", (48, 40), (200, 30, 60))
+
+
+@pytest.fixture
+def generating_gpt2(gpt2):
+    """The session's GPT-2 set to generate every token asked for with a KV cache; put back."""
+    model = gpt2.model
+    saved = (model.generation_config.eos_token_id, model.generation_config.use_cache,
+             model.config.use_cache)
+    model.generation_config.eos_token_id = None
+    model.generation_config.use_cache = model.config.use_cache = True
+    yield model
+    (model.generation_config.eos_token_id, model.generation_config.use_cache,
+     model.config.use_cache) = saved

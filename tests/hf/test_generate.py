@@ -14,15 +14,8 @@ PROMPT = "the quick brown fox"
 
 
 @pytest.fixture
-def lm(gpt2):
-    model = gpt2.model
-    saved = (model.generation_config.eos_token_id, model.generation_config.use_cache,
-             model.config.use_cache)
-    model.generation_config.eos_token_id = None  # generate every token asked for
-    model.generation_config.use_cache = model.config.use_cache = True  # a KV cache
-    yield model
-    (model.generation_config.eos_token_id, model.generation_config.use_cache,
-     model.config.use_cache) = saved
+def lm(generating_gpt2):
+    return generating_gpt2
 
 
 def _plain(lm, tokenizer, n, hook_site="transformer.h.0"):

@@ -12,15 +12,8 @@ PROMPTS = ["the quick brown fox", "a lazy dog", "jumps over"]
 
 
 @pytest.fixture
-def lm(gpt2):
-    model = gpt2.model
-    saved = (model.generation_config.eos_token_id, model.generation_config.use_cache,
-             model.config.use_cache)
-    model.generation_config.eos_token_id = None
-    model.generation_config.use_cache = model.config.use_cache = True
-    yield model
-    (model.generation_config.eos_token_id, model.generation_config.use_cache,
-     model.config.use_cache) = saved
+def lm(generating_gpt2):
+    return generating_gpt2
 
 
 def _hooked(lm, tokenizer, prompt, n):

@@ -15,9 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import InputTypeError
 from ..patching.grid import PatchingSweep
-from ..patching.sweep import _check_inputs, _rows, checked_positions
+from ..patching.sweep import checked_positions, prepare
 
 SURFACE = "attribution.patching"
 
@@ -45,21 +44,12 @@ def patching(model: nn.Module, clean: Any, corrupt: Any, metric: Callable[[Any],
     """Estimate ``tl.patching.sweep(model, clean, corrupt, sites=..., metric=...)`` from the
     gradient of ``metric`` in the corrupt run: per site (labels, modules, globs) and position
     of dimension 1, ``sum((clean - corrupt) * grad)`` over the other dimensions."""
-    from ..verbs import _options, checked_inventory, resolve_for, trace
+    from ..verbs import trace
 
-    inv = checked_inventory(model, SURFACE)
-    if not callable(metric):
-        raise InputTypeError(f"metric takes a function of the model's output, not {metric!r}",
-                             code="option_invalid",
-                             teach=["tl.attribution.patching(model, clean, corrupt, lambda out: "
-                                    "out.logits[0, -1, 42] - out.logits[0, -1, 7], sites=...)"])
-    rows = _rows(model, inv, [sites] if isinstance(sites, str) else list(sites))
-    options = _options(tokenizer, processor, preprocess)
-    good = resolve_for(model, clean, input_kwargs=None, input_shape=None, surface=SURFACE,
-                       options=options)
-    bad = resolve_for(model, corrupt, input_kwargs=None, input_shape=None, surface=SURFACE,
-                      options=options)
-    _check_inputs(good, bad, 1)
+    _, rows, good, _ = prepare(model, clean, corrupt, sites, metric, SURFACE,
+                               "tl.attribution.patching(model, clean, corrupt, lambda out: "
+                               "out.logits[0, -1, 42] - out.logits[0, -1, 7], sites=...)", 1,
+                               (tokenizer, processor, preprocess))
     with torch.no_grad():
         source = trace(model, clean, save=rows, tokenizer=tokenizer, processor=processor,
                        preprocess=preprocess)

@@ -56,24 +56,15 @@ def sweep(model: nn.Module, clean: Any, corrupt: Any, /, *, sites: str | Iterabl
     (the corrupt input repeated along its batch dimension); the first cell is checked against a
     forward of its own, so a model whose rows are not independent refuses instead of answering
     wrong."""
-    from ..verbs import _options, checked_inventory, resolve_for, trace
+    from ..verbs import trace
 
-    inv = checked_inventory(model, SURFACE)
-    if not callable(metric):
-        raise InputTypeError(f"metric= takes a function of the model's output, not {metric!r}",
-                             code="option_invalid",
-                             teach=["metric=lambda out: out.logits[0, -1, 42] - "
-                                    "out.logits[0, -1, 7]"])
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size= takes a positive int, not {batch_size!r}",
                          code="option_invalid", teach=["tl.patching.sweep(..., batch_size=16)"])
-    rows = _rows(model, inv, [sites] if isinstance(sites, str) else list(sites))
-    options = _options(tokenizer, processor, preprocess)
-    good = resolve_for(model, clean, input_kwargs=None, input_shape=None, surface=SURFACE,
-                       options=options)
-    bad = resolve_for(model, corrupt, input_kwargs=None, input_shape=None, surface=SURFACE,
-                      options=options)
-    _check_inputs(good, bad, batch_size)
+    inv, rows, good, bad = prepare(model, clean, corrupt, sites, metric, SURFACE,
+                                   "metric=lambda out: out.logits[0, -1, 42] - "
+                                   "out.logits[0, -1, 7]", batch_size,
+                                   (tokenizer, processor, preprocess))
     with torch.no_grad():
         source = trace(model, clean, save=rows, tokenizer=tokenizer,
                        processor=processor, preprocess=preprocess)
@@ -95,6 +86,25 @@ def sweep(model: nn.Module, clean: Any, corrupt: Any, /, *, sites: str | Iterabl
                 forwards += 1
     return PatchingSweep(rows, positions, raw, clean_metric, corrupt_metric, batch_size,
                          forwards)
+
+
+def prepare(model: nn.Module, clean: Any, corrupt: Any, sites: Any, metric: Any,
+            surface: str, example: str, batch_size: int, resolvers: tuple) -> tuple:
+    """What a sweep and its gradient estimate check before any forward: the metric, the sites
+    (each glob's modules), both inputs resolved and of one shape. Returns (the model's
+    inventory, the sites, the clean and the corrupt resolution)."""
+    from ..verbs import _options, checked_inventory, resolve_for
+
+    inv = checked_inventory(model, surface)
+    if not callable(metric):
+        raise InputTypeError(f"metric takes a function of the model's output, not {metric!r}",
+                             code="option_invalid", teach=[example])
+    rows = _rows(model, inv, [sites] if isinstance(sites, str) else list(sites))
+    options = _options(*resolvers)
+    good, bad = (resolve_for(model, value, input_kwargs=None, input_shape=None,
+                             surface=surface, options=options) for value in (clean, corrupt))
+    _check_inputs(good, bad, batch_size)
+    return inv, rows, good, bad
 
 
 def _rows(model: nn.Module, inv: Any, texts: list[str]) -> list[str]:
