@@ -65,8 +65,21 @@ def test_an_overlay_of_your_own_numbers_colours_the_drawing(tmp_path):
         trace.draw(path=tmp_path / "x.svg", color="grad_norm")  # no backward ran
     assert err.value.code == "grads_unavailable"
     with pytest.raises(tl.TorchLensError) as err:
-        trace.draw(path=tmp_path / "x.svg", color="heat")
+        trace.draw(path=tmp_path / "x.svg", color="heat")  # no overlay= to name
     assert err.value.code == "draw_option_invalid"
+    trace.draw(path=tmp_path / "a.svg", overlay={"relu_1": 2.0}, color="attribution score")
+    assert "attribution score 2" in (tmp_path / "a.svg").read_text()
+
+
+def test_the_viewers_colour_menu_names_an_overlay(tmp_path, open_viewer):
+    model, x = _model()
+    trace = tl.trace(model, x)
+    trace.draw(path=tmp_path / "a.html", overlay=lambda op: op.index, color="attribution score")
+    v = open_viewer(tmp_path / "a.html")
+    options = v.page.eval_on_selector_all("#color option", "els => els.map(e => e.textContent)")
+    assert "attribution score" in options and v.page.locator("#color").input_value() == "metric"
+    assert v.page.locator("#legend").inner_text().startswith("attribution score")
+    assert v.errors == []
 
 
 def test_the_viewer_colours_by_gradient_norm_with_a_legend(tmp_path, open_viewer):

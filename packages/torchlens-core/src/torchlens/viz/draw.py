@@ -48,8 +48,9 @@ def draw_trace(trace: Any, *, collapse: str | int = "none", module: str | None =
     count collapse="auto" keeps to. max_nodes: the largest static drawing handed to a layout
     program such as dot (None: no limit, accept the wait); larger ones refuse
     ``drawing_too_large`` before layout. color: "grad_norm" (each op's gradient norm, after
-    ``trace.backward``) or "overlay"; overlay: your own number per op, ``{label: value}`` or a
-    callable ``op -> value`` (None: uncoloured), with a legend; a module shows its largest.
+    ``trace.backward``); overlay: your own number per op, ``{label: value}`` or a callable
+    ``op -> value`` (None: uncoloured), with color= its name in the legend ("attribution
+    score"; default "overlay"); a module shows its largest.
     """
     opts = validate_options(
         collapse=collapse, module=module, depth=depth, theme=theme, direction=direction,

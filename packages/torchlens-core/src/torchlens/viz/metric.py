@@ -9,15 +9,15 @@ from typing import Any
 
 from .options import refuse
 
-NAMES = {"diff": "relative difference", "grad_norm": "gradient norm", "overlay": "overlay"}
+NAMES = {"diff": "relative difference", "grad_norm": "gradient norm"}
 
 
 def op_metrics(trace: Any, opts: Any) -> tuple[str, dict[str, float]] | None:
     """(legend name, {op label: value}) for the drawing, or None when it is not coloured."""
     if opts.color == "grad_norm":
         return NAMES["grad_norm"], _grad_norms(trace)
-    if opts.color == "overlay":
-        return NAMES["overlay"], _overlay(trace, opts.overlay)
+    if opts.overlay is not None:  # color= names the caller's numbers ("attribution score")
+        return opts.color, _overlay(trace, opts.overlay)
     if trace.meta.get("diff"):
         return NAMES["diff"], {op.label: op.meta["diff"]["relative"] for op in trace.ops
                                if op.meta["diff"]["relative"] is not None}

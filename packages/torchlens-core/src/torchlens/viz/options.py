@@ -131,7 +131,10 @@ def check_options(*, collapse: Any = "none", module: Any = None, depth: Any = No
             raise refuse(f"overlay= takes {{op label: number}} or a callable, got {overlay!r}",
                          ['overlay={"conv2d_1": 0.5}', "overlay=lambda op: op.flops"])
         color = "overlay" if color is None else color
-    if color is not None and color not in COLORS:
+        if not isinstance(color, str) or not color.strip():
+            raise refuse(f"with overlay=, color= names the numbers (the legend), got {color!r}",
+                         ['overlay=scores, color="attribution score"'])
+    if color is not None and color not in COLORS and overlay is None:
         raise refuse(f"color= must be one of {COLORS}, got {color!r}",
                      [f'color="{name}"' for name in COLORS])
     if color == "overlay" and overlay is None:
