@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from tests.graphs import descendants
 from torchlens.cli import main
 
 
@@ -38,15 +39,6 @@ def _model(seed: int = 0) -> Branchy:
 X = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
 
 
-def _descendants(trace: tl.Trace, label: str) -> set[str]:
-    out, todo = set(), [label]
-    while todo:
-        for child in trace[todo.pop()].children or ():
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
-
 
 def test_identical_runs_compare_equal_with_no_row_of_difference():
     model = _model()
@@ -71,7 +63,7 @@ def test_an_edit_is_found_exactly_where_it_fired_and_only_downstream_differs():
     assert first.label == "tanh_1" and first.a == first.b == "tanh_1"
     assert first.relative == pytest.approx(0.5, rel=1e-5) and first.cosine == pytest.approx(1.0)
     differing = {r.label for r in cmp.differing()}
-    assert differing <= {"tanh_1"} | _descendants(a, "tanh_1")
+    assert differing <= {"tanh_1"} | descendants(a, "tanh_1")
     assert {"tanh_1", "add_1", "linear_4", "output_1"} <= differing
     assert "sigmoid_1" not in differing and "linear_3" not in differing  # the other branch
     assert cmp.top(1)[0].label == "tanh_1"

@@ -11,6 +11,7 @@ import torch
 import torchvision
 
 import torchlens as tl
+from tests.graphs import descendants
 from torchlens.cli import main
 
 
@@ -24,15 +25,6 @@ def gpt2():
                                            n_layer=2, n_head=2)).eval()
     return model, torch.randint(0, 500, (1, 8), generator=torch.Generator().manual_seed(0))
 
-
-def _descendants(trace, label):
-    out, todo = set(), [label]
-    while todo:
-        for child in trace[todo.pop()].children or ():
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
 
 
 def test_gpt2_fp32_against_bf16_diverges_first_at_an_op_not_the_output(gpt2):
@@ -60,7 +52,7 @@ def test_an_edit_on_a_residual_add_of_gpt2_is_found_exactly_there(gpt2):
     cmp = tl.compare(a, b)
     assert cmp.first_divergence().label == add
     differing = {r.label for r in cmp.differing()}
-    assert add in differing and differing <= {add} | _descendants(a, add)
+    assert add in differing and differing <= {add} | descendants(a, add)
     assert cmp.b[add].out[:, 3].abs().max() == 0
     upstream = [r for r in cmp.rows if r.b is not None and cmp.b[r.b].index < cmp.b[add].index]
     assert upstream and not any(r.differs for r in upstream)

@@ -180,28 +180,26 @@ class Module:
         self.address, self.type, self.depth = address, type, depth
         self.num_params, self.calls = num_params, calls
 
-    @property
-    def out(self) -> Any:
-        """The saved output when the module ran exactly once."""
+    def _only_call(self, what: str) -> ModuleCall:
+        """The one call, for ``out`` and ``grad``; several calls refuse, naming each."""
         if len(self.calls) != 1:
             raise LookupFailed(
                 f"module {self.address!r} ran {len(self.calls)} times; pick one call",
                 code="key_not_found",
-                teach=[f"trace[{self.address + ':' + str(i)!r}].out" for i in
+                teach=[f"trace[{self.address + ':' + str(i)!r}].{what}" for i in
                        range(1, len(self.calls) + 1)][:3],
             )
-        return self.calls[0].out
+        return self.calls[0]
+
+    @property
+    def out(self) -> Any:
+        """The saved output when the module ran exactly once."""
+        return self._only_call("out").out
 
     @property
     def grad(self) -> Any:
         """The gradient with respect to the output, when the module ran exactly once."""
-        if len(self.calls) != 1:
-            raise LookupFailed(
-                f"module {self.address!r} ran {len(self.calls)} times; pick one call",
-                code="key_not_found",
-                teach=[f"trace[{self.address + ':' + str(i)!r}].grad" for i in
-                       range(1, len(self.calls) + 1)][:3])
-        return self.calls[0].grad
+        return self._only_call("grad").grad
 
     def copy(self, rename: dict[str, str] | None = None) -> Module:
         """A copy with calls of its own (op labels renamed by ``rename``), for another Trace:

@@ -59,8 +59,7 @@ class OpSite(nn.Module):
         self.label = label
         self._hooks: dict[int, Any] = {}
         self._next = 0
-        self._inside = False
-        self._saved_forward: Any = None
+        self._redirect: Any = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise TorchLensError(f"an op site ({self.label}) is run by its model, not called",
@@ -87,36 +86,23 @@ class OpSite(nn.Module):
     def _install(self) -> None:
         from ..capture.engine import forward_edited
         from ..capture.inventory import inventory
+        from ..capture.redirect import Redirect
         from ..edits.plan import EditPlan
 
         model = self._model
-        original = model.forward
-        had_own = "forward" in model.__dict__
         plan = EditPlan({self.label: self._edit}, inventory(model), model,
                         surface="attribution")
-        site = self
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if site._inside:  # the capture calls the model: run its own forward
-                return original(*args, **kwargs)
-            site._inside = True
-            try:
-                plan.fired.clear()
-                plan.norms.clear()
-                return forward_edited(model, args, kwargs, plan)
-            finally:
-                site._inside = False
+        def route(args: tuple, kwargs: dict) -> Any:
+            plan.fired.clear()
+            plan.norms.clear()
+            return forward_edited(model, args, kwargs, plan)
 
-        self._saved_forward = (had_own, original)
-        model.forward = forward
+        self._redirect = Redirect(model, route)
 
     def _uninstall(self) -> None:
-        had_own, original = self._saved_forward
-        if had_own:
-            self._model.forward = original
-        else:
-            del self._model.forward
-        self._saved_forward = None
+        self._redirect.remove()
+        self._redirect = None
 
     def _edit(self, value: Any, op: Any) -> Any:
         """The op's value passed through every hook, as captum's layer hooks expect."""

@@ -3,15 +3,14 @@ one step (a user's loop, ``lm.generate``, a scheduler's denoising loop); calls o
 alone are not steps. The chosen steps (``at_steps=``) are captured with ``save=`` and
 ``edits=``; the others run the model's own forward behind a step counter.
 
-While the block runs, ``model.forward`` is an instance attribute that counts the call and, on a
-chosen step, runs it through the capture (which calls the model's own forward inside); the
-model's own ``forward`` comes back when the block ends, however it ends.
+While the block runs, the model's calls are redirected (``capture.redirect``): each is counted
+and, on a chosen step, run through the capture (which calls the model's own forward inside);
+the model's own ``forward`` comes back when the block ends, however it ends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -68,6 +67,7 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
     """
     from ..capture.engine import capture, parse_save
     from ..capture.inventory import inventory
+    from ..capture.redirect import Redirect
     from ..verbs import checked_inventory, plan_edits
 
     if not isinstance(model, nn.Module):
@@ -82,47 +82,34 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
     plan = plan_edits(edits, inv, model, allow_unfired, "steps")
     chosen, wanted = _selector(at_steps)
     run = StepRun(type(model).__name__, at_steps)
-    had_own = "forward" in model.__dict__
-    original = model.forward
-    inside = [False]
 
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if inside[0]:  # the capture's own call of the model
-            return original(*args, **kwargs)
+    def step(args: tuple, kwargs: dict) -> Any:
         index = run.count
         run.count += 1
         if not chosen(index):
             start = time.perf_counter_ns()
-            out = original(*args, **kwargs)
+            out = redirect.original(*args, **kwargs)
             run.skipped_ns += time.perf_counter_ns() - start
             return out
-        inside[0] = True
-        try:
-            if plan is not None:
-                plan.fired.clear()
-                plan.norms.clear()
-            trace = capture(model, args, kwargs, save=save, inv=inventory(model), edits=plan,
-                            keep_output=True)
-        finally:
-            inside[0] = False
+        if plan is not None:
+            plan.fired.clear()
+            plan.norms.clear()
+        trace = capture(model, args, kwargs, save=save, inv=inventory(model), edits=plan,
+                        keep_output=True)
         out = trace._objects.pop("forward_output")
         trace.meta["step"] = index
         run.add(index, trace)
         return out
 
     model.__dict__[MARK] = run
-    model.forward = forward
+    redirect = Redirect(model, step)
     try:
         yield run
     except BaseException as exc:
         exc.partial_run = run
         raise
     finally:
-        if had_own:
-            model.forward = original
-        else:
-            del model.forward
+        redirect.remove()
         del model.__dict__[MARK]
     missing = [k for k in wanted if k >= run.count]
     if missing:
