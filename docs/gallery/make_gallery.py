@@ -1,7 +1,8 @@
 """Render the drawing gallery: resnet18, tiny GPT-2 and the recurrent zoo model, auto and none.
 
 Run from the repository root: ``python docs/gallery/make_gallery.py`` (needs torchvision,
-transformers, torchlens-viz and Graphviz's ``dot``). Writes PNGs next to this file.
+transformers, torchlens-viz and Graphviz's ``dot``). Writes PNGs next to this file, or into
+``--out DIR`` (the documentation build's own copies).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ DRAWINGS = [  # (model, file stem, draw options)
 ]
 
 
-def main(only: list[str]) -> None:
+def main(only: list[str], out: Path = HERE) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     traces = {}
     for model_name, stem, options in DRAWINGS:
         if only and stem not in only and model_name not in only:
@@ -50,7 +52,7 @@ def main(only: list[str]) -> None:
         if model_name not in traces:
             model, x = MODELS[model_name]()
             traces[model_name] = tl.trace(model, x, save="none")
-        drawing = traces[model_name].draw(path=HERE / f"{stem}.png", **options)
+        drawing = traces[model_name].draw(path=out / f"{stem}.png", **options)
         shrink(drawing.path)
         size = drawing.path.stat().st_size
         print(f"{drawing.path.name}: {drawing.stats['nodes']} nodes, {size / 1024:.0f} KB")
@@ -68,4 +70,9 @@ def shrink(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    if "--out" in args:
+        at = args.index("--out")
+        main(args[:at] + args[at + 2:], Path(args[at + 1]))
+    else:
+        main(args)

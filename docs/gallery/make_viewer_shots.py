@@ -2,7 +2,8 @@
 
 Run from the repository root: ``python docs/gallery/make_viewer_shots.py`` (needs torchvision,
 transformers, torchlens-viz, Playwright and Debian's ``chromium``). Opens each page offline in
-headless Chromium, as the tests do, and writes ``viewer-*.png`` next to this file.
+headless Chromium, as the tests do, and writes ``viewer-*.png`` next to this file, or into
+``--out DIR`` (the documentation build's own copies).
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ def pages(folder: Path) -> dict[str, Path]:
     }
 
 
-def main() -> int:
+def main(out: Path = HERE) -> int:
     from playwright.sync_api import sync_playwright
 
     from tests.viz.browser import CHROMIUM_ARGS, Viewer, chromium_path
 
+    out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
         made = pages(Path(tmp))
         browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
@@ -49,10 +51,10 @@ def main() -> int:
             viewer = Viewer(browser, made[page], width=1280, height=800)
             for step in steps:
                 step(viewer.page)
-            viewer.page.screenshot(path=str(HERE / f"viewer-{name}.png"))
+            viewer.page.screenshot(path=str(out / f"viewer-{name}.png"))
             assert not viewer.errors, viewer.errors
             viewer.close()
-            print("wrote", HERE / f"viewer-{name}.png")
+            print("wrote", out / f"viewer-{name}.png")
 
         def search(text: str):
             return lambda page: (page.fill("#search", text), page.press("#search", "Enter"))
@@ -72,4 +74,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else HERE))

@@ -23,7 +23,7 @@ __all__ = [
     "trace",
 ]
 SUBMODULES = ("debug", "types", "viz", "recording", "validation", "plugins", "errors", "edits",
-              "sites", "patching", "grads", "attribution")
+              "sites", "patching", "grads", "attribution", "catalogue")
 
 
 def __getattr__(name: str):

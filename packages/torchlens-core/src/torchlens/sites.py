@@ -32,6 +32,7 @@ class Site:
     pass_num: int | None = None
 
     def matches(self, name: str, pass_num: int) -> bool:
+        """Whether this site names the op or module ``name`` on pass ``pass_num``."""
         return name == self.name and (self.pass_num is None or self.pass_num == pass_num)
 
 

@@ -132,6 +132,7 @@ class ModuleCall:
 
     @property
     def label(self) -> str:
+        """``address:pass``, the key ``trace[...]`` takes for this call."""
         return f"{self.address}:{self.pass_num}"
 
     @property
@@ -164,6 +165,7 @@ class ModuleCall:
         return values[0] if len(values) == 1 else tuple(values)
 
     def row(self) -> dict[str, Any]:
+        """This one's fields as a plain dict (no tensors)."""
         return {s: getattr(self, s) for s in ("address", "pass_num", "type", "ops", "output_ops",
                                               "time_ns", "positions")}
 
@@ -211,6 +213,7 @@ class Module:
         return Module(self.address, self.type, self.depth, self.num_params, calls)
 
     def row(self) -> dict[str, Any]:
+        """This one's fields as a plain dict (no tensors)."""
         return {"address": self.address, "type": self.type, "depth": self.depth,
                 "num_params": self.num_params, "calls": [c.row() for c in self.calls]}
 
@@ -339,10 +342,12 @@ class Trace:
 
     @property
     def inputs(self) -> list[Op]:
+        """The input nodes (``input_1``, ...), in order."""
         return [op for op in self.ops if op.kind == "input"]
 
     @property
     def outputs(self) -> list[Op]:
+        """The output nodes, in order."""
         return [op for op in self.ops if op.kind == "output"]
 
     @property
@@ -399,6 +404,7 @@ class Trace:
 
     @property
     def total_flops(self) -> int | None:
+        """FLOPs summed over the ops that have a count; None when none has."""
         known = [op.flops for op in self.ops if op.flops is not None]
         return sum(known) if known else None
 

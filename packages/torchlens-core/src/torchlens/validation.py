@@ -54,14 +54,17 @@ class ValidationReport:
 
     @property
     def passed(self) -> bool:
+        """True when every checked op agreed within the tolerance."""
         return all(r["status"] != "failed" for r in self.rows)
 
     @property
     def failed(self) -> list[dict[str, Any]]:
+        """The rows of the ops that did not agree."""
         return [r for r in self.rows if r["status"] == "failed"]
 
     @property
     def worst(self) -> dict[str, Any] | None:
+        """The row with the largest difference, or None when nothing was compared."""
         checked = [r for r in self.rows if r["max_abs_err"] is not None]
         return max(checked, key=lambda r: r["max_abs_err"]) if checked else None
 

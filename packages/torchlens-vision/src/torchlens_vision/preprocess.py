@@ -31,6 +31,7 @@ class Preprocess:
     categories: list[str] | None = None
 
     def describe(self) -> dict[str, Any]:
+        """The preprocessing as plain data, for the trace's provenance."""
         facts = describe_processor(self.fn) if self.hf else describe_transform(self.fn)
         facts = {"via": self.via, "kind": "hf_image_processor" if self.hf else "transform",
                  **facts}
@@ -48,15 +49,19 @@ def is_weights_enum(obj: Any) -> bool:
 
 
 def weights_name(obj: Any) -> str:
+    """A torchvision weights enum's name, such as ``ResNet18_Weights.IMAGENET1K_V1``."""
     return f"{type(obj).__name__}.{obj.name}"
 
 
 def categories_of(obj: Any) -> list[str] | None:
+    """The class names a weights enum's metadata lists, or None."""
     cats = getattr(obj, "meta", {}).get("categories")
     return list(cats) if cats else None
 
 
 def is_hf_processor(obj: Any) -> bool:
+    """Whether ``obj`` is a Hugging Face image processor, judged by its classes (without
+    importing transformers)."""
     return any(c.__name__ in _HF_PROCESSOR_BASES and c.__module__.startswith("transformers.")
                for c in type(obj).__mro__)
 

@@ -42,6 +42,7 @@ class HtmlRenderer(Renderer):
     interactive = True
 
     def build_source(self, view) -> str:  # view: torchlens.viz.page.PageModel
+        """The self-contained page: the viewer's script, style and the view model's data inline."""
         parts = {
             "title": html.escape(view.title), "background": view.theme.background,
             "style": asset("viewer.css"), "dagre": asset(DAGRE), "viewer": asset("viewer.js"),

@@ -27,9 +27,11 @@ class GraphvizRenderer(Renderer):
     png_dpi = 96
 
     def build_source(self, view: GraphView) -> str:
+        """The DOT source of the view."""
         return build_dot(view)
 
     def render(self, source: str, file_format: str) -> bytes:
+        """The DOT source laid out by Graphviz's ``dot`` in ``file_format``."""
         if file_format in ("dot", "gv"):
             return source.encode("utf-8")
         if file_format not in self.file_formats:

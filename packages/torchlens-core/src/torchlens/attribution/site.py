@@ -62,11 +62,13 @@ class OpSite(nn.Module):
         self._redirect: Any = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Refuses: an op site runs inside its model's forward, not on its own."""
         raise TorchLensError(f"an op site ({self.label}) is run by its model, not called",
                              code="option_invalid", teach=["model(x)  # the hooks fire there"])
 
     def register_forward_hook(self, hook: Any, *, prepend: bool = False,
                               with_kwargs: bool = False, always_call: bool = False) -> _Handle:
+        """A hook called with the op's output whenever the model runs (captum's layer hook)."""
         key = self._next
         self._next += 1
         self._hooks[key] = (hook, with_kwargs)
@@ -75,6 +77,7 @@ class OpSite(nn.Module):
         return _Handle(self, key)
 
     def register_forward_pre_hook(self, hook: Any, **_: Any) -> _Handle:
+        """Refuses: an op site has no inputs of its own to hook."""
         raise TorchLensError(
             f"the op site {self.label} has no inputs of its own to hook: attribute to its "
             "output (attribute_to_layer_input=False), or to the op that makes its input",

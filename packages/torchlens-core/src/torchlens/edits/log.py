@@ -15,6 +15,7 @@ class EditLog(list):
 
     @property
     def unfired(self) -> list[str]:
+        """The sites no edit fired at."""
         return [row["site"] for row in self if not row["fired"]]
 
     def __str__(self) -> str:

@@ -181,6 +181,7 @@ class EditPlan:
         return rows
 
     def unfired(self) -> list[str]:
+        """The sites of this plan that fired nowhere in the forward."""
         fired = {row["site"] for row in self.fired}
         return [text for text, _ in _by_text(self.entries) if text not in fired]
 

@@ -89,6 +89,8 @@ class Edit(ABC):
         """Refusals that need no forward (a patch source missing the site, say)."""
 
     def describe(self) -> dict[str, Any]:
+        """The edit as plain data (kind, index, shapes, a hash of a tensor argument): what
+        provenance keeps."""
         out: dict[str, Any] = {"kind": self.kind, "index": index_text(self.index)}
         if self.item is not None:
             out["item"] = self.item if isinstance(self.item, (int, str)) else repr(self.item)

@@ -44,6 +44,8 @@ class GradObserver:
 
     def op(self, out: Any, label: str, base: str, pass_num: int, frame: Any, func: str,
            args: Any, index: int | None, inplace: bool) -> Any:
+        """The recorder's seam: note the gradient edge of a chosen op's output; ``out``
+        unchanged."""
         if index is None or not (self.every or any(s.matches(base, pass_num)
                                                    for s in self.op_sites)):
             return out
@@ -51,6 +53,7 @@ class GradObserver:
         return out
 
     def module(self, state: Any, address: str, pass_num: int, args: tuple, output: Any) -> Any:
+        """The module boundary's seam: note which ops' outputs a chosen module call returned."""
         if not any(s.pass_num in (None, pass_num) for s in self.modules[address]):
             return output
         indices = []

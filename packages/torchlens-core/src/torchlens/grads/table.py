@@ -11,6 +11,7 @@ class GradTable(list):
 
     @classmethod
     def of(cls, trace: Any) -> GradTable:
+        """The table of a trace's gradients after ``trace.backward``."""
         from .backward import NO_GRAD
 
         rows = []

@@ -74,6 +74,7 @@ class StoredRecording:
 
     @property
     def complete(self) -> bool:
+        """Whether the run that wrote the store finished (a killed one's rows still read)."""
         return self.manifest["status"] == "complete"
 
     def __len__(self) -> int:
@@ -123,6 +124,7 @@ class StoredRecording:
         return self._table
 
     def shard(self, index: int) -> Shard:
+        """Shard ``index`` of the manifest, opened memory-mapped."""
         return self._shards[index]
 
 

@@ -11,6 +11,7 @@ the model's own ``forward`` comes back when the block ends, however it ends.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -61,7 +62,9 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
 
     ``save=`` and ``edits=`` are those of ``tl.trace`` (checked before the block runs), applied
     on the steps ``at_steps=`` chooses (indices, a slice, or a callable; default: every step).
-    ``run.steps`` holds a Trace per captured step; ``len(run)`` the calls made. A step named in
+    ``run.steps`` holds a Trace per captured step; ``len(run)`` the calls made. The model's
+    modules and parameters are read once, when the block starts (again after a step whose
+    forward created parameters): modules swapped inside the block are not seen. A step named in
     ``at_steps`` that the block never reached refuses ``steps_not_reached`` when the block ends;
     an exception in the block carries the steps so far as ``err.partial_run``.
     """
@@ -94,8 +97,13 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
         if plan is not None:
             plan.fired.clear()
             plan.norms.clear()
-        trace = capture(model, args, kwargs, save=save, inv=inventory(model), edits=plan,
-                        keep_output=True)
+        nonlocal inv
+        if inv is None:  # the previous step created parameters: read the model again
+            inv = inventory(model)
+        trace = capture(model, args, kwargs, save=save, inv=dataclasses.replace(
+            inv, param_ids=dict(inv.param_ids)), edits=plan, keep_output=True)
+        if trace.annotations.get("capture_advisories"):
+            inv = None
         out = trace._objects.pop("forward_output")
         trace.meta["step"] = index
         run.add(index, trace)

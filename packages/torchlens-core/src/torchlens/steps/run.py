@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
+from itertools import compress
+from operator import itemgetter, ne
 from typing import Any
 
 import torch
@@ -19,16 +21,19 @@ import torch
 from ..capture.engine import raw_records, record_costs
 from ..trace import Trace
 
-R_FUNC, R_FRAME, R_PARENTS, R_SHAPE, R_DTYPE, R_TIME, R_KIND = 0, 1, 2, 5, 6, 13, 15
-R_COSTS = (5, 8, 9, 12)  # shape, out_shapes, nbytes, FLOPs: a step's own where they differ
+_KEY = itemgetter(0, 6, 15)  # function, dtype, kind
+_FRAME = itemgetter(1)
+_PARENTS = itemgetter(2)
+_TIME = itemgetter(13)
+# shape, out_shapes, nbytes, FLOPs: a step's own where they differ
+_COSTS = itemgetter(5, 8, 9, 12)
 
 
-def signature(records: list) -> tuple:
-    """What two steps must agree on to share a graph: every op's function, module call,
-    inputs, dtype and kind, in order (shapes may differ: they are each step's own)."""
-    return tuple((r[R_FUNC], r[R_FRAME][0], r[R_FRAME][1], r[R_PARENTS] if type(
-        r[R_PARENTS]) is int else tuple(r[R_PARENTS]), r[R_DTYPE], r[R_KIND])
-        for r in records)
+def signature(records: list) -> tuple[tuple, list]:
+    """What two steps must agree on to share a graph: every op's function, dtype, kind and
+    module call (hashable), and its inputs; shapes may differ (they are each step's own)."""
+    return ((tuple(map(_KEY, records)), tuple([(f[0], f[1]) for f in map(_FRAME, records)])),
+            list(map(_PARENTS, records)))
 
 
 @dataclasses.dataclass
@@ -56,7 +61,8 @@ class StepRun:
         self.model_class = model_class
         self._selected = selected
         self._steps: dict[int, Step] = {}
-        self._shapes: dict[tuple, int] = {}  # structure signature -> the step holding it
+        # structure signature -> (the step holding it, its ops' inputs) of each graph with it
+        self._shapes: dict[tuple, list[tuple[int, list]]] = {}
         self._records: dict[int, list] = {}  # the raw records of each structure's first step
         self.count = 0  # top-level calls made in the block, captured or not
         self.skipped_ns = 0  # time of the calls not captured
@@ -72,19 +78,20 @@ class StepRun:
             self._steps[index] = Step(index, index, len(trace), 0, trace=trace)
             return
         records, values = raw
-        key = signature(records)
-        times = array("q", (r[R_TIME] for r in records))
+        key, parents = signature(records)
+        times = array("q", map(_TIME, records))
         total = sum(times)
-        first = self._shapes.get(key)
+        candidates = self._shapes.setdefault(key, [])
+        first = next((i for i, p in candidates if p == parents), None)
         if first is None:
-            self._shapes[key] = index
+            candidates.append((index, parents))
             self._steps[index] = Step(index, index, len(records), total, trace=trace)
             self._records[index] = records
         else:
             meta = {k: v for k, v in trace.meta.items() if k in ("edits", "capture_ns")}
             base = self._records[first]
-            changed = {i: r for i, (r, b) in enumerate(zip(records, base))
-                       if any(r[k] is not b[k] and r[k] != b[k] for k in R_COSTS)}
+            changed = {i: records[i] for i in compress(range(len(records)), map(
+                ne, map(_COSTS, records), map(_COSTS, base)))}
             self._steps[index] = Step(index, first, len(records), total, values=dict(values),
                                       times=times, meta=meta, changed=changed)
 
@@ -173,7 +180,7 @@ class StepRun:
                           "" if step.token is None else str(step.token)))
         widths = [max(len(line[k]) for line in lines) for k in range(len(head))]
         title = (f"Steps of {self.model_class}: {self.count} call(s), {len(self._steps)} "
-                 f"captured, {len(self._shapes)} distinct graph(s)")
+                 f"captured, {self.structures} distinct graph(s)")
         if self.text is not None:
             title += f"; generated: {self.text!r}"
         return "\n".join([title] + ["  ".join(c.ljust(w) for c, w in zip(line, widths))
