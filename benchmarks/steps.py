@@ -9,7 +9,12 @@ method timed in one process by ``_common.time_rounds``:
   a recorder of this kind;
 - ``tl.generate(save=None)``: every step captured (its graph and costs);
 - ``tl.generate(save=<4 residual sites>)``: ``transformer.h.{0,4,8,11}`` saved on every step;
-- ``tl.generate(save=[...], at_steps=[0])``: only the prefill captured.
+- ``tl.generate(save=[...], at_steps=[0])``: only the prefill captured;
+- ``tl.generate(save="all")``: every activation of every step (what the peer below keeps).
+
+``--peer``: torchlens 2.36.1's episode capture of the same generation, in its own process and
+env (``bench-peer``, made by ``hatch`` when missing; ``peer_steps.py``), against its own plain
+``lm.generate``: one sample, since it takes minutes.
 
 Memory: ``tl.generate(save=None)`` for 32 and for 256 new tokens, each in a fresh process,
 peak RSS (``ru_maxrss``) against the same process's plain ``lm.generate`` of that length: the
@@ -64,6 +69,7 @@ def memory_child(new_tokens: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--peer", action="store_true", help="also time torchlens 2.36.1")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -91,7 +97,8 @@ def main() -> None:
     assert tl.generate(model, ids, **options).tokens == plain()[0, 16:].tolist()
     methods = {"plain generate": plain, "pass-through mode": floor,
                "tl save=None": traced(save=None), "tl 4 sites": traced(save=SITES),
-               "tl at_steps=[0]": traced(save=SITES, at_steps=[0])}
+               "tl at_steps=[0]": traced(save=SITES, at_steps=[0]),
+               "tl save='all'": traced(save="all")}
     samples = time_rounds(methods, runs=args.runs, warmup=1, block=1)
     stats = {k: summarize(v) for k, v in samples.items()}
     med = {k: v["median_ms"] for k, v in stats.items()}
@@ -105,6 +112,9 @@ def main() -> None:
     lines.append(f"  {'pass-through mode':16s} {med['pass-through mode']:8.0f} ms = "
                  f"{med['pass-through mode'] / base:.2f}x (a TorchFunctionMode that records "
                  "nothing: the floor of any recorder of this kind)")
+    every = med["tl save='all'"]
+    lines.append(f"  {'tl save=all':16s} {every:8.0f} ms = {every / base:.2f}x (every activation "
+                 "of every step)")
     print("\n".join(lines), flush=True)
     memory = {}
     for n in (32, 256):
@@ -121,7 +131,33 @@ def main() -> None:
     print(lines[-1], flush=True)
     report = {"machine": machine(), "runs": args.runs, "median_ms": med, "stats": stats,
               "memory": memory}
+    if args.peer:
+        report["peer"] = peer = run_peer_steps()
+        if "ms" in peer.get("episode", {}):
+            ratio = peer["episode"]["ms"] / peer["plain_ms"]
+            lines.append(f"  torchlens {peer['torchlens']} episode capture (every activation): "
+                         f"{peer['episode']['ms'] / 1e3:.1f} s against its own plain generate "
+                         f"{peer['plain_ms']:.0f} ms = {ratio:.0f}x ({peer['episode']['ops']:,} "
+                         f"ops); tl save='all' is {ratio / (every / base):.0f}x faster "
+                         "(ratio / ratio)")
+        else:
+            lines.append(f"  torchlens 2.36.1: no figure ({peer})")
+        print(lines[-1], flush=True)
     save_results("steps", report, lines)
+
+
+def run_peer_steps() -> dict:
+    """``peer_steps.py`` in the bench-peer env: its JSON, or ``{"error": why}``."""
+    from run import peer_python
+
+    python, why = peer_python(None)
+    if python is None:
+        return {"error": why}
+    done = subprocess.run([python, os.path.join(os.path.dirname(__file__), "peer_steps.py")],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip()[-800:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -37,9 +37,10 @@ def blocks(page: Path) -> list[Block]:
 
 def run_page(page: Path) -> dict:
     """Run every block of ``page`` that is to be run; returns the scope they shared."""
-    scope: dict = {"__name__": "__docs__"}
+    scope: dict = {"__name__": "__main__"}  # as a script the reader runs
     for block in blocks(page):
         if block.not_run is None:
             # blank lines up front keep tracebacks on the page's own line numbers
-            exec(compile("\n" * (block.line - 1) + block.code, str(page), "exec"), scope)
+            exec(compile("\n" * (block.line - 1) + block.code, str(page), "exec",
+                         dont_inherit=True), scope)  # not this module's __future__ imports
     return scope
