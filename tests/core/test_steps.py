@@ -189,3 +189,29 @@ def test_nesting_and_bad_arguments_refuse_typed():
         with tl.steps(cell, edits={"rec": 3}):
             pass
     assert err.value.code == "edit_invalid"
+
+
+def test_a_module_built_by_the_first_step_is_seen_by_the_later_ones():
+    """The model is read once per block, and again after a step whose forward built
+    parameters: the next steps name them as parameters, not as unknown tensors."""
+    class Builder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            if not hasattr(self, "lazy"):
+                self.lazy = nn.LazyLinear(4)
+            return self.lazy(self.fc(x))
+
+    model = Builder()
+    with tl.steps(model) as run:
+        for _ in range(3):
+            model(torch.rand(2, 3))
+    first, later = run[0], run[2]
+    assert {r["parameter"] for r in first.annotations["capture_advisories"]} == \
+        {"lazy.weight", "lazy.bias"}
+    assert not later.annotations["capture_advisories"]
+    assert set(later.params) == {"fc.weight", "fc.bias", "lazy.weight", "lazy.bias"}
+    linear = [op for op in later if op.func == "linear" and op.module == "lazy"]
+    assert linear and set(linear[0].params) == {"lazy.weight", "lazy.bias"}
