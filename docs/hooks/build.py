@@ -3,9 +3,9 @@
 - Every plain ```` ```python ```` block of a page runs (markdown-exec, one session a page, in
   order), and what it prints is shown under it; a block marked ``<!-- not run: why -->`` is
   only shown. The tests run the same blocks (``tests/docs``).
-- Examples run (markdown-exec) in a scratch folder, not in the repository, so what they write
-  (drawings, stores, pages) stays out of it; each self-contained ``.html`` page they write is
-  published under ``live/``, where the guides embed it in an iframe.
+- They run in a scratch folder, so what they write (drawings, stores, pages) stays out of the
+  repository; each self-contained ``.html`` page they write is published under ``live/``,
+  where the guides embed it in an iframe.
 - The gallery's drawings and viewer screenshots are drawn anew by ``docs/gallery``'s scripts
   and published under ``generated/``.
 """
@@ -62,10 +62,19 @@ def on_page_markdown(markdown, page, config, files):
 
 
 def on_post_build(config):
-    scratch = _state.pop("scratch")
     live = Path(config["site_dir"]) / "live"
     live.mkdir(exist_ok=True)
-    for page in scratch.glob("*.html"):
+    for page in _state["scratch"].glob("*.html"):
         shutil.copy2(page, live / page.name)
-    os.chdir(_state.pop("cwd"))
-    shutil.rmtree(scratch, ignore_errors=True)
+    _leave()
+
+
+def on_build_error(error):
+    _leave()
+
+
+def _leave() -> None:
+    """Back to where the build started; the scratch folder removed."""
+    if "scratch" in _state:
+        os.chdir(_state.pop("cwd"))
+        shutil.rmtree(_state.pop("scratch"), ignore_errors=True)
