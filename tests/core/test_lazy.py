@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 import torchlens as tl
+from tests.models.zoo import BuildsInForward
 
 
 def lazy_net():
@@ -82,17 +83,7 @@ def test_intervention_ready_baseline_and_lazy_refusal():
 
 
 def test_module_built_inside_forward_is_disclosed():
-    class Builder(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(3, 3)
-
-        def forward(self, x):
-            if not hasattr(self, "lazy"):
-                self.lazy = nn.LazyLinear(4)
-            return self.lazy(self.fc(x))
-
-    model = Builder()
+    model = BuildsInForward()
     trace = tl.trace(model, torch.rand(2, 3))
     rows = trace.annotations["capture_advisories"]
     assert {r["parameter"] for r in rows} == {"lazy.weight", "lazy.bias"}

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import torchlens as tl
+from tests.models.zoo import BuildsInForward
 
 
 class Cell(nn.Module):
@@ -194,17 +195,7 @@ def test_nesting_and_bad_arguments_refuse_typed():
 def test_a_module_built_by_the_first_step_is_seen_by_the_later_ones():
     """The model is read once per block, and again after a step whose forward built
     parameters: the next steps name them as parameters, not as unknown tensors."""
-    class Builder(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(3, 3)
-
-        def forward(self, x):
-            if not hasattr(self, "lazy"):
-                self.lazy = nn.LazyLinear(4)
-            return self.lazy(self.fc(x))
-
-    model = Builder()
+    model = BuildsInForward()
     with tl.steps(model) as run:
         for _ in range(3):
             model(torch.rand(2, 3))

@@ -66,6 +66,19 @@ def seeded(seed: int = 0) -> Iterator[None]:
 # 1. mlp
 
 
+class BuildsInForward(nn.Module):
+    """Builds a lazy submodule in its first forward (not a zoo case: a capture discloses it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        if not hasattr(self, "lazy"):
+            self.lazy = nn.LazyLinear(4)
+        return self.lazy(self.fc(x))
+
+
 def build_mlp() -> tuple[nn.Module, object]:
     with seeded(1):
         model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
