@@ -12,18 +12,13 @@ import torchvision
 
 import torchlens as tl
 from tests.graphs import descendants
+from tests.models.hf import seeded_gpt2
 from torchlens.cli import main
 
 
 @pytest.fixture(scope="module")
 def gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=500, n_positions=64, n_embd=64,
-                                           n_layer=2, n_head=2)).eval()
-    return model, torch.randint(0, 500, (1, 8), generator=torch.Generator().manual_seed(0))
+    return seeded_gpt2(n_layer=2, n_head=2, tokens=8)
 
 
 

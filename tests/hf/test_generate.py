@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchlens as tl
+from tests.hf.hooked import hooked_generate
 
 PROMPT = "the quick brown fox"
 
@@ -19,16 +20,8 @@ def lm(generating_gpt2):
 
 
 def _plain(lm, tokenizer, n, hook_site="transformer.h.0"):
-    kept = []
-    handle = lm.get_submodule(hook_site).register_forward_hook(
-        lambda m, a, o: kept.append((o[0] if isinstance(o, tuple) else o).detach().clone()))
-    ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
-    try:
-        out = lm.generate(ids, max_new_tokens=n, do_sample=False,
-                          pad_token_id=tokenizer.eos_token_id)
-    finally:
-        handle.remove()
-    return out[0, ids.shape[1]:].tolist(), kept
+    out, kept, prompt_len = hooked_generate(lm, tokenizer, PROMPT, n, hook_site)
+    return out[0, prompt_len:].tolist(), kept
 
 
 def test_greedy_generation_is_lm_generates_and_each_step_what_hooks_see(lm, gpt2):

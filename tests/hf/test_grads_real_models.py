@@ -11,6 +11,7 @@ import torch
 import torchvision
 
 import torchlens as tl
+from tests.models.hf import seeded_gpt2
 
 
 def _hooked_grads(model, inputs, modules, target_fn):
@@ -31,13 +32,7 @@ def _hooked_grads(model, inputs, modules, target_fn):
 
 @pytest.fixture(scope="module")
 def gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=500, n_positions=64, n_embd=64,
-                                           n_layer=3, n_head=4)).eval()
-    return model, torch.randint(0, 500, (1, 10), generator=torch.Generator().manual_seed(0))
+    return seeded_gpt2(n_layer=3, n_head=4, tokens=10)
 
 
 def test_gpt2_gradients_equal_hooks_and_autograd(gpt2):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torchlens as tl
+from tests.hf.hooked import hooked_generate
 
 PROMPTS = ["the quick brown fox", "a lazy dog", "jumps over"]
 
@@ -17,16 +18,8 @@ def lm(generating_gpt2):
 
 
 def _hooked(lm, tokenizer, prompt, n):
-    kept = []
-    handle = lm.transformer.h[0].register_forward_hook(
-        lambda m, a, o: kept.append((o[0] if isinstance(o, tuple) else o).detach().clone()))
-    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    try:
-        out = lm.generate(ids, max_new_tokens=n, do_sample=False,
-                          pad_token_id=tokenizer.eos_token_id)
-    finally:
-        handle.remove()
-    return torch.cat(kept, dim=1)[0], out[0, :-1], ids.shape[1]
+    out, kept, prompt_len = hooked_generate(lm, tokenizer, prompt, n)
+    return torch.cat(kept, dim=1)[0], out[0, :-1], prompt_len
 
 
 def test_a_generation_is_recorded_a_row_per_token(lm, gpt2, tmp_path):

@@ -11,10 +11,22 @@ from torch import nn
 
 from .zoo import ZooCase, seeded
 
-__all__ = ["HF_CASES", "build_bert_tiny", "build_gpt2_tiny"]
+__all__ = ["HF_CASES", "build_bert_tiny", "build_gpt2_tiny", "seeded_gpt2"]
 
 _VOCAB = 100
 _SEQ = 8
+
+
+def seeded_gpt2(n_layer: int, n_head: int, tokens: int) -> tuple[nn.Module, torch.Tensor]:
+    """A 64-wide GPT-2 (vocab 500) made under seed 0 without moving the global RNG, and
+    ``tokens`` ids from its own seed-0 generator."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=500, n_positions=64, n_embd=64,
+                                           n_layer=n_layer, n_head=n_head)).eval()
+    return model, torch.randint(0, 500, (1, tokens), generator=torch.Generator().manual_seed(0))
 
 
 def build_gpt2_tiny() -> tuple[nn.Module, object]:
