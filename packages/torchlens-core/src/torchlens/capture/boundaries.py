@@ -36,14 +36,26 @@ from .recorder import R_OUT_SHAPES, snapshot
 _MISSING = object()
 # the instance attribute ``nn.Module.__call__`` calls instead of ``_call_impl`` when it is set
 _CALL = "_compiled_call_impl"
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes})  # hold no tensor
 
 
 def leaves(value: Any, found: list, depth: int = 0) -> list:
     """Every tensor in nested tuples, lists, mappings and dataclasses (appended to ``found``,
     returned)."""
+    # runs on every module call's output that is not one tensor: the common shapes (a tuple,
+    # None, a number) are settled before the abstract ``Mapping`` check, which costs more
+    kind = type(value)
+    if kind is tuple or kind is list:
+        if depth <= 6:
+            for item in value:
+                if type(item) is torch.Tensor:
+                    found.append(item)
+                elif item is not None:
+                    leaves(item, found, depth + 1)
+        return found
     if isinstance(value, torch.Tensor):
         found.append(value)
-    elif depth > 6:
+    elif depth > 6 or kind in _ATOMS:
         return found
     elif isinstance(value, Mapping):
         for item in value.values():
@@ -218,12 +230,16 @@ def install(named_modules, state, calls: list, save_modules: set[str], plan: Any
                 except BaseException:  # the call ends without an output (a caller may catch it)
                     closed(mod, None, address)
                     raise
-                if plain and type(output) is Tensor and not writes and frames[-1] is frame:
-                    frames.pop()  # closed(), inline for one tensor and nothing written in place
-                    e = tensors.get(id(output))
+                if plain and not writes and frames[-1] is frame:
+                    frames.pop()  # closed(), inline while nothing was written in place
+                    if type(output) is Tensor:
+                        e = tensors.get(id(output))
+                        outs = [(e[0], e[3])] if e is not None and e[1]() is output else []
+                    else:
+                        outs = [(e[0], e[3]) for t in leaves(output, [])
+                                if (e := tensors.get(id(t))) is not None and e[1]() is t]
                     frame[4] = clock() - frame[4]
-                    frame += (len(records), [(e[0], e[3])] if e is not None and e[1]() is output
-                              else [])
+                    frame += (len(records), outs)
                     calls.append(frame)
                 else:
                     closed(mod, output, address)

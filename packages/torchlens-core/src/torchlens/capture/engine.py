@@ -92,7 +92,7 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
             provenance: dict | None = None, replay: bool = False,
             inv: Inventory | None = None, edits: Any = None, templates: bool = False,
-            grads: Any = None, keep_output: bool = False) -> Trace:
+            grads: Any = None, keep_output: bool = False, recorder: Any = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace.
 
     ``replay=True`` also keeps each op's call template and live output (for validation) in
@@ -104,15 +104,18 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     observer shares the seam; its state (with the live output) goes to
     ``trace._objects["grads"]``, for ``trace.backward``. ``keep_output``: what the forward
     returned, as it returned it, in ``trace._objects["forward_output"]`` (a step's caller
-    needs it: a generation loop reads the logits and the cache).
+    needs it: a generation loop reads the logits and the cache). ``recorder``: makes the
+    recorder from the capture's state (default: ``Recorder``); when its ``finish()`` returns
+    something (a step run's ``Follower`` that found the step's graph equal to the one it
+    followed), the capture returns that instead of a Trace.
     """
     with paused():
         return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model),
-                        edits, templates, grads, keep_output)
+                        edits, templates, grads, keep_output, recorder)
 
 
 def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan=None,
-             templates=False, grads=None, keep_output=False) -> Trace:
+             templates=False, grads=None, keep_output=False, make_recorder=None) -> Trace:
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     # the inventory's id tables (each capture takes its own inventory, so they are its to grow)
     state = CaptureState(inv.param_ids, inv.buffer_ids, save_all, save_labels)
@@ -136,11 +139,11 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
     structure = None
     offloaded = inv.hooked
     no_values = inv.has_meta and is_meta(model)
+    recorder = (make_recorder or (TemplateRecorder if templates else Recorder))(state)
     handles = install_boundaries(inv.modules, state, calls, save_modules, seam)  # removed below
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     try:
-        recorder = TemplateRecorder(state) if templates else Recorder(state)
         with quiet_hooks(model, offloaded, state), eager(), recorder:
             out = model(*args, **kwargs)
         structure = _output_node(state, out, "", 0, [0])
@@ -151,6 +154,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
         _active.depth -= 1
         for h in handles:
             h.remove()
+        recorder.finish(t0, failed=True)
         note_writes(state.writes)
         lost = _settle(state, inv, args, kwargs)
         state.real.clear()  # what torch.vmap's ops made, held until now
@@ -166,6 +170,10 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
     _active.depth -= 1
     for h in handles:
         h.remove()
+    kept = recorder.finish(t0)
+    if kept is not None:
+        kept.output = live
+        return kept
     note_writes(state.writes)
     lost = _settle(state, inv, args, kwargs)
     state.real.clear()  # what torch.vmap's ops made, held until now

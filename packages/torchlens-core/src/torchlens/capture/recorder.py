@@ -338,6 +338,11 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.state = state
 
+    def finish(self, start_ns: int, failed: bool = False) -> Any:
+        """Called once the forward is over (or has failed), before its records are read: a
+        recorder that keeps less than a Trace returns what it kept; this one, None."""
+        return None
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Everything here runs between two ops of the user's forward, where the CPU caches are
         # cold: it keeps only what cannot be derived after the forward (edges, facts of tensors

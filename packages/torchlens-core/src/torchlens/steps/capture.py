@@ -68,10 +68,12 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
     ``at_steps`` that the block never reached refuses ``steps_not_reached`` when the block ends;
     an exception in the block carries the steps so far as ``err.partial_run``.
     """
-    from ..capture.engine import capture, parse_save
+    from ..capture.engine import capture, parse_save, saves_nothing
     from ..capture.inventory import inventory
+    from ..capture.recorder import Recorder
     from ..capture.redirect import Redirect
     from ..verbs import checked_inventory, plan_edits
+    from .follow import Followed, Follower
 
     if not isinstance(model, nn.Module):
         raise InputTypeError(f"tl.steps takes a torch.nn.Module, not {type(model).__name__}",
@@ -100,8 +102,14 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
         nonlocal inv
         if inv is None:  # the previous step created parameters: read the model again
             inv = inventory(model)
+        graph = run.follow() if plan is None and saves_nothing(save) else None
+        follower = None if graph is None else (
+            lambda state: Recorder(state) if state.guard is not None else Follower(state, graph[1]))
         trace = capture(model, args, kwargs, save=save, inv=dataclasses.replace(
-            inv, param_ids=dict(inv.param_ids)), edits=plan, keep_output=True)
+            inv, param_ids=dict(inv.param_ids)), edits=plan, keep_output=True, recorder=follower)
+        if isinstance(trace, Followed):  # the step kept to the graph of the one before
+            run.add_followed(index, graph[0], trace)
+            return trace.output
         if trace.annotations.get("capture_advisories"):
             inv = None
         out = trace._objects.pop("forward_output")

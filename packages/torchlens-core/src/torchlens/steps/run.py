@@ -20,6 +20,7 @@ import torch
 
 from ..capture.engine import raw_records, record_costs
 from ..trace import Trace
+from .follow import followable
 
 _KEY = itemgetter(0, 6, 15)  # function, dtype, kind
 _FRAME = itemgetter(1)
@@ -64,6 +65,8 @@ class StepRun:
         # structure signature -> (the step holding it, its ops' inputs) of each graph with it
         self._shapes: dict[tuple, list[tuple[int, list]]] = {}
         self._records: dict[int, list] = {}  # the raw records of each structure's first step
+        self._followable: dict[int, bool] = {}  # structure -> a later step may follow it
+        self._last: int | None = None  # the step captured last
         self.count = 0  # top-level calls made in the block, captured or not
         self.skipped_ns = 0  # time of the calls not captured
         self.text: str | None = None  # tl.generate: the generated text
@@ -71,8 +74,30 @@ class StepRun:
         self.provenance: dict[str, Any] = {}
 
     # ---- filling -----------------------------------------------------------------------------
+    def follow(self) -> tuple[int, list] | None:
+        """(structure, its records) for the next step to follow: the graph of the step captured
+        last, when nothing in it wrote in place (``follow.followable``)."""
+        if self._last is None:
+            return None
+        first = self._steps[self._last].shares
+        records = self._records.get(first)
+        if records is None:
+            return None
+        ok = self._followable.get(first)
+        if ok is None:
+            ok = self._followable[first] = followable(records)
+        return (first, records) if ok else None
+
+    def add_followed(self, index: int, first: int, kept: Any) -> None:
+        """A step that kept to structure ``first``'s graph (``follow.Followed``)."""
+        self._last = index
+        self._steps[index] = Step(index, first, len(kept.times), sum(kept.times), values={},
+                                  times=array("q", kept.times),
+                                  meta={"capture_ns": kept.capture_ns}, changed=kept.changed)
+
     def add(self, index: int, trace: Trace) -> None:
         """A captured step: shared with an earlier one when their graphs are the same."""
+        self._last = index
         raw = raw_records(trace)
         if raw is None:  # already materialized (a failed step): keep it whole
             self._steps[index] = Step(index, index, len(trace), 0, trace=trace)

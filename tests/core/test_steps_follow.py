@@ -1,0 +1,154 @@
+"""Metadata-only steps follow the graph of the step before (``steps/follow.py``): a step that
+keeps to it is stored as that graph plus its own times and costs, and one that departs from it
+(another op, another input, an in-place write, an error) is captured in full from there on.
+Every step's Trace must equal a capture of the same call on its own, whichever way it went."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+import torchlens as tl
+from torchlens.steps.run import StepRun
+
+_OWN = {"time_ns", "_value", "_trace", "_reads", "_grad", "meta"}  # each capture's own
+
+
+def facts(trace) -> list:
+    """Everything an op states about the graph and its costs (not its time)."""
+    ops = [tuple((f.name, getattr(op, f.name)) for f in dataclasses.fields(op)
+                 if f.name not in _OWN) for op in trace.ops]
+    calls = sorted((m.address, c.pass_num, tuple(c.ops), tuple(c.output_ops))
+                   for m in trace.modules.values() for c in m.calls)
+    return ops + calls
+
+
+class Branchy(nn.Module):
+    """One call per step; step ``k``'s forward departs from the others at ``mode[k]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x, mode: str = "same"):
+        h = torch.relu(self.a(x))
+        if mode == "op":  # another function in the same place
+            h = torch.sigmoid(h)
+        else:
+            h = torch.tanh(h)
+        # the same functions reading other inputs: only the graph's edges differ
+        g = h * x if mode == "edge" else h * h
+        if mode == "inplace":
+            g.add_(1.0)
+        if mode == "weight":  # the same call on another parameter
+            out = nn.functional.linear(g, self.a.weight, self.b.bias)
+        else:
+            out = self.b(g)
+        if mode == "longer":
+            out = out.cumsum(-1)
+        if mode == "raise":
+            raise ValueError("step failed")
+        return out
+
+
+def _run(modes, xs):
+    model = Branchy().eval()
+    followed = []
+    add = StepRun.add_followed
+
+    def spy(run, index, first, kept):
+        followed.append(index)
+        return add(run, index, first, kept)
+
+    StepRun.add_followed = spy
+    try:
+        with tl.steps(model, save=None) as run:
+            outs = [model(x=x, mode=mode) for x, mode in zip(xs, modes)]
+    finally:
+        StepRun.add_followed = add
+    return model, run, outs, followed
+
+
+@pytest.mark.parametrize("mode", ["op", "edge", "inplace", "weight", "longer"])
+def test_a_step_that_departs_is_captured_as_a_capture_of_its_own(mode):
+    torch.manual_seed(0)
+    xs = [torch.randn(2, 4) for _ in range(5)]
+    modes = ["same", "same", "same", mode, "same"]
+    model, run, outs, followed = _run(modes, xs)
+    assert 3 not in followed and 2 in followed  # step 2 kept to step 1's graph, 3 departed
+    for i, (x, m) in enumerate(zip(xs, modes)):
+        alone = tl.trace(model, input_kwargs={"x": x, "mode": m}, save=None)
+        assert facts(run[i]) == facts(alone), i
+        assert run[i].meta["step"] == i
+        assert all(op.time_ns > 0 for op in run[i].ops if op.kind == "op")  # each its own
+    assert run.shared(3) == 3 and run.structures == 2
+    assert run.shared(4) == 0  # back to the first graph: shared with step 0
+    assert torch.equal(outs[3], model(xs[3], mode))  # the forward ran as it runs alone
+
+
+def test_kept_steps_store_no_graph_and_keep_their_own_costs():
+    torch.manual_seed(0)
+
+    class Growing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+
+        def forward(self, x, cache):
+            return torch.cat([cache, self.proj(x)], 0)
+
+    model = Growing().eval()
+    xs = [torch.randn(1, 3) for _ in range(6)]
+    followed = []
+    add = StepRun.add_followed
+    StepRun.add_followed = lambda run, i, first, kept: (followed.append(i), add(run, i, first,
+                                                                                   kept))[1]
+    try:
+        with tl.steps(model) as run:
+            cache = torch.zeros(0, 3)
+            inputs = []
+            for x in xs:
+                inputs.append((x, cache))
+                cache = model(x, cache)
+    finally:
+        StepRun.add_followed = add
+    assert followed == [1, 2, 3, 4, 5] and run.structures == 1
+    for i, (x, c) in enumerate(inputs):
+        alone = tl.trace(model, (x, c), save=None)
+        assert facts(run[i]) == facts(alone)
+        assert run[i]["cat_1"].shape == [i + 1, 3]  # each step's own shape
+        assert all(op.time_ns > 0 for op in run[i].ops if op.kind == "op")
+    assert run._steps[3].trace is None and run._steps[3].changed  # no graph of its own
+
+
+def test_an_error_in_a_followed_step_keeps_the_steps_before_and_a_full_partial_trace():
+    torch.manual_seed(0)
+    xs = [torch.randn(2, 4) for _ in range(4)]
+    with pytest.raises(ValueError) as info:
+        _run(["same", "same", "same", "raise"], xs)
+    run = info.value.partial_run
+    assert run.captured == [0, 1, 2] and len(run) == 4
+    partial = info.value.partial_trace
+    assert [op.func for op in partial.ops if op.kind == "op"] == [
+        "linear", "relu", "tanh", "mul", "linear"]
+    assert partial.ops[-1].parents == ["mul_1"]
+
+
+def test_steps_that_save_or_edit_are_captured_in_full():
+    torch.manual_seed(0)
+    model = Branchy().eval()
+    xs = [torch.randn(2, 4) for _ in range(3)]
+    for kw in ({"save": ["a"]}, {"edits": {"tanh_1": tl.edits.zero()}}):
+        add = StepRun.add_followed
+        StepRun.add_followed = lambda *a: pytest.fail("a step that saves or edits followed")
+        try:
+            with tl.steps(model, **kw) as run:
+                for x in xs:
+                    model(x)
+        finally:
+            StepRun.add_followed = add
+        assert run.structures == 1 and run.captured == [0, 1, 2]
