@@ -40,6 +40,26 @@ def test_greedy_generation_is_lm_generates_and_each_step_what_hooks_see(lm, gpt2
     assert "forward" not in lm.__dict__
 
 
+def test_metadata_only_decoding_steps_follow_and_equal_full_captures(lm, monkeypatch):
+    """Every decoding step after the first follows the one before, and each step's Trace is
+    what recording that step in full gives (the graph, shapes, FLOPs, module calls)."""
+    from tests.core.test_steps_follow import facts
+    from torchlens.steps.run import StepRun
+
+    followed = []
+    add = StepRun.add_followed
+    monkeypatch.setattr(StepRun, "add_followed", lambda run, i, first, kept: (
+        followed.append(i), add(run, i, first, kept))[1])
+    run = tl.generate(lm, PROMPT, max_new_tokens=6, save=None)
+    assert followed == [2, 3, 4, 5] and run.structures == 2
+    monkeypatch.setattr(StepRun, "follow", lambda run: None)  # every step recorded in full
+    full = tl.generate(lm, PROMPT, max_new_tokens=6, save=None)
+    assert run.tokens == full.tokens
+    for i in range(6):
+        assert facts(run[i]) == facts(full[i]), i
+    assert run[5]["cat_1"].shape != run[2]["cat_1"].shape  # the KV cache grew: own shapes
+
+
 def test_at_steps_captures_only_those_and_the_tokens_stay_the_same(lm, gpt2):
     tokens, _ = _plain(lm, gpt2.tokenizer, 6)
     run = tl.generate(lm, PROMPT, max_new_tokens=6, save=["transformer.h.0"], at_steps=[0])

@@ -107,7 +107,8 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     needs it: a generation loop reads the logits and the cache). ``recorder``: makes the
     recorder from the capture's state (default: ``Recorder``); when its ``finish()`` returns
     something (a step run's ``Follower`` that found the step's graph equal to the one it
-    followed), the capture returns that instead of a Trace.
+    followed), the capture returns that, with the forward's output as its ``.output``, instead
+    of a Trace.
     """
     with paused():
         return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from time import perf_counter_ns
 from typing import Any
+from weakref import ref as _ref
 
 import torch
 
@@ -38,7 +39,6 @@ from ..capture.transforms import is_wrapped
 
 Tensor = torch.Tensor
 Parameter = torch.nn.Parameter
-_ref = __import__("weakref").ref
 _NOT_FOLLOWED = frozenset({"data", "set_data"})  # calls whose output aliases another's memory
 
 
