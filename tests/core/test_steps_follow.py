@@ -35,7 +35,7 @@ class Branchy(nn.Module):
         self.b = nn.Linear(4, 4)
 
     def forward(self, x, mode: str = "same"):
-        h = torch.relu(self.a(x))
+        h = nn.functional.relu(self.a(x), inplace=mode == "flag")  # the same call, writing
         if mode == "op":  # another function in the same place
             h = torch.sigmoid(h)
         else:
@@ -73,7 +73,7 @@ def _run(modes, xs):
     return model, run, outs, followed
 
 
-@pytest.mark.parametrize("mode", ["op", "edge", "inplace", "weight", "longer"])
+@pytest.mark.parametrize("mode", ["op", "edge", "inplace", "flag", "weight", "longer"])
 def test_a_step_that_departs_is_captured_as_a_capture_of_its_own(mode):
     torch.manual_seed(0)
     xs = [torch.randn(2, 4) for _ in range(5)]
@@ -135,6 +135,7 @@ def test_an_error_in_a_followed_step_keeps_the_steps_before_and_a_full_partial_t
     partial = info.value.partial_trace
     assert [op.func for op in partial.ops if op.kind == "op"] == [
         "linear", "relu", "tanh", "mul", "linear"]
+    assert [op.inplace for op in partial.ops] == [False] * len(partial.ops)
     assert partial.ops[-1].parents == ["mul_1"]
 
 

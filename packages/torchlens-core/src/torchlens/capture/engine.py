@@ -371,7 +371,7 @@ def _stack(frame: list, stacks: dict[int, list[str]]) -> list[str]:
 
 
 def _leaf_record(state, kind, label, t, parents, slot) -> tuple:
-    return (kind, state.frames[0], parents, [], [], t.shape, t.dtype, t.device, None, None, False,
+    return (kind, state.frames[0], parents, (), (), t.shape, t.dtype, t.device, None, None, False,
             False, None, 0, label, kind, slot)
 
 

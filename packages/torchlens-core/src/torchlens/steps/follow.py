@@ -18,7 +18,7 @@ from weakref import ref as _ref
 
 import torch
 
-from ..capture.cow import SET_DATA, may_write
+from ..capture.cow import storage_key, written_by
 from ..capture.flops import FORMULAS, WEIGHT_ARG, shapes
 from ..capture.naming import NAMES as _names
 from ..capture.naming import func_name
@@ -27,10 +27,10 @@ from ..capture.recorder import (
     _NONE,
     _PASSTHROUGH,
     _SCALARS,
-    _SETITEM,
     R_FRAME,
     R_INPLACE,
     R_TIME,
+    R_VIEW,
     Recorder,
     _inputs,
     tensor_outputs,
@@ -94,9 +94,8 @@ class Follower(Recorder):
         want = self.template[index] if index < len(self.template) else None
         same = want is not None and want[0] == name and want[1][0] == frame[0] and \
             want[1][1] == frame[1]
-        if (not same or kwargs and "out" in kwargs) and (
-                func is _SETITEM or func == SET_DATA or may_write(func, kwargs or _EMPTY)):
-            self.depart()  # a call that may write: recorded from before it runs
+        if (not same or kwargs and "out" in kwargs) and written_by(func, args, kwargs or _EMPTY):
+            self.depart()  # a call that writes: recorded from before it runs
             return Recorder.__torch_function__(self, func, types, args, kwargs)
         t0 = perf_counter_ns()
         try:
@@ -119,6 +118,9 @@ class Follower(Recorder):
                 same = False
         if not same:
             return self._replay(func, types, args, kwargs, out, elapsed, name)
+        if main is (args[0] if args else None) and written_by(func, args, kwargs or _EMPTY):
+            # the graph's call, told to write in place this time (``inplace=True``)
+            return self._replay(func, types, args, kwargs, out, elapsed, name, inplace=True)
         # the inputs, found as the recorder finds them (no write has happened while following)
         tensors, param_ids, buffer_ids = s.tensors, s.param_ids, s.buffer_ids
         inputs = _inputs(args, kwargs) if kwargs else args
@@ -191,19 +193,27 @@ class Follower(Recorder):
                 tensors[id(t)] = (index, _ref(t), t._version, position)
         return out
 
-    def _replay(self, func, types, args, kwargs, out, elapsed, name):
-        """The call departs from the graph after it ran: record it as the recorder would."""
+    def _replay(self, func, types, args, kwargs, out, elapsed, name, inplace=False):
+        """The call departs from the graph after it ran: record it as the recorder would (its
+        time, and a write in place, which the recorder tells by the version before the call)."""
         self.depart()
         ran = _Ran(out, name)
-        records = self.state.records
+        s = self.state
+        records = s.records
         index = len(records)
         try:
             Recorder.__torch_function__(self, ran, types, args, kwargs)
         finally:
             _names.pop(ran, None)
-        if len(records) > index:  # the call's own time, not the stand-in's
+        if len(records) > index:
             rec = records[index]
-            records[index] = rec[:R_TIME] + (elapsed,) + rec[R_TIME + 1:]
+            rec = rec[:R_TIME] + (elapsed,) + rec[R_TIME + 1:]
+            if inplace:
+                rec = rec[:R_INPLACE] + (True, False) + rec[R_VIEW + 1:]
+                first = args[0]
+                s.writes.setdefault(storage_key(first), []).append(
+                    (index, first.storage_offset(), tuple(first.shape), first.stride()))
+            records[index] = rec
         return out
 
     def depart(self) -> None:

@@ -22,7 +22,7 @@ from ..capture.engine import raw_records, record_costs
 from ..trace import Trace
 from .follow import followable
 
-_KEY = itemgetter(0, 6, 15)  # function, dtype, kind
+_KEY = itemgetter(0, 3, 4, 6, 10, 11, 15)  # function, params, buffers, dtype, in place, view, kind
 _FRAME = itemgetter(1)
 _PARENTS = itemgetter(2)
 _TIME = itemgetter(13)
@@ -31,8 +31,9 @@ _COSTS = itemgetter(5, 8, 9, 12)
 
 
 def signature(records: list) -> tuple[tuple, list]:
-    """What two steps must agree on to share a graph: every op's function, dtype, kind and
-    module call (hashable), and its inputs; shapes may differ (they are each step's own)."""
+    """What two steps must agree on to share a graph: every op's function, parameters,
+    buffers, dtype, write in place, view, kind and module call (hashable), and its inputs;
+    shapes may differ (they are each step's own)."""
     return ((tuple(map(_KEY, records)), tuple([(f[0], f[1]) for f in map(_FRAME, records)])),
             list(map(_PARENTS, records)))
 
