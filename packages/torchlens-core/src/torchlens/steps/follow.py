@@ -12,6 +12,7 @@ place; anything else is captured by ``Recorder`` itself.
 from __future__ import annotations
 
 import dataclasses
+from operator import itemgetter
 from time import perf_counter_ns
 from typing import Any
 from weakref import ref as _ref
@@ -27,8 +28,17 @@ from ..capture.recorder import (
     _NONE,
     _PASSTHROUGH,
     _SCALARS,
+    R_DTYPE,
+    R_FLOPS,
     R_FRAME,
+    R_FUNC,
     R_INPLACE,
+    R_KIND,
+    R_NBYTES,
+    R_OUT_SHAPES,
+    R_PARENTS,
+    R_SHAPE,
+    R_SLOT,
     R_TIME,
     R_VIEW,
     Recorder,
@@ -39,6 +49,10 @@ from ..capture.transforms import is_wrapped
 
 Tensor = torch.Tensor
 Parameter = torch.nn.Parameter
+# shape, out_shapes, nbytes, FLOPs: a step's own where they differ from its graph's
+costs = itemgetter(R_SHAPE, R_OUT_SHAPES, R_NBYTES, R_FLOPS)
+# what an input or output record must agree on with its graph's: kind, slot and producer
+_END = itemgetter(R_FUNC, R_PARENTS, R_DTYPE, R_KIND, R_SLOT)
 _NOT_FOLLOWED = frozenset({"data", "set_data"})  # calls whose output aliases another's memory
 
 
@@ -235,22 +249,13 @@ class Follower(Recorder):
         records, template = self.state.records, self.template
         if self.following and not failed and len(records) == len(template):
             ends = [*range(self.start), *range(self.start + len(self.times), len(records))]
-            if all(_same_end(records[i], template[i]) for i in ends):
+            if all(_END(records[i]) == _END(template[i]) for i in ends):
                 changed = {i: records[i] for i in self.changed}
-                changed.update((i, records[i]) for i in ends if _costs(records[i]) !=
-                               _costs(template[i]))
+                changed.update((i, records[i]) for i in ends if costs(records[i]) !=
+                               costs(template[i]))
                 times = [0] * self.start + self.times + [0] * (len(records) - self.start -
                                                                len(self.times))
                 return Followed(times, changed, perf_counter_ns() - start_ns)
         self.depart()
         return None
 
-
-def _same_end(rec: tuple, want: tuple) -> bool:
-    """An input or output record the same as the graph's (its kind, slot and producer)."""
-    return (rec[0], rec[2], rec[6], rec[15], rec[16]) == (want[0], want[2], want[6], want[15],
-                                                          want[16])
-
-
-def _costs(rec: tuple) -> tuple:
-    return rec[5], rec[8], rec[9], rec[12]

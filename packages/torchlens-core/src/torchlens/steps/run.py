@@ -20,14 +20,12 @@ import torch
 
 from ..capture.engine import raw_records, record_costs
 from ..trace import Trace
-from .follow import followable
+from .follow import costs, followable
 
 _KEY = itemgetter(0, 3, 4, 6, 10, 11, 15)  # function, params, buffers, dtype, in place, view, kind
 _FRAME = itemgetter(1)
 _PARENTS = itemgetter(2)
 _TIME = itemgetter(13)
-# shape, out_shapes, nbytes, FLOPs: a step's own where they differ
-_COSTS = itemgetter(5, 8, 9, 12)
 
 
 def signature(records: list) -> tuple[tuple, list]:
@@ -117,7 +115,7 @@ class StepRun:
             meta = {k: v for k, v in trace.meta.items() if k in ("edits", "capture_ns")}
             base = self._records[first]
             changed = {i: records[i] for i in compress(range(len(records)), map(
-                ne, map(_COSTS, records), map(_COSTS, base)))}
+                ne, map(costs, records), map(costs, base)))}
             self._steps[index] = Step(index, first, len(records), total, values=dict(values),
                                       times=times, meta=meta, changed=changed)
 
