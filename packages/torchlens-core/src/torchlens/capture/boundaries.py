@@ -77,10 +77,24 @@ def fields_of(value: Any) -> list[tuple[str, Any]] | None:
 
 
 class _Unwrap:
-    """The handle of the wrapped calls: ``remove()`` leaves each module's call as it was."""
+    """The handle of the wrapped calls: ``remove()`` leaves each module's call as it was.
+    ``bind`` (set by ``install``) points every frame at another capture's state."""
 
     def __init__(self) -> None:
         self.wrapped: list[tuple[dict, Any, Any]] = []  # (instance dict, before, wrapper)
+        self.bind: Any = None
+        self.reusable = False  # no process-wide hooks and no lazy module: may be kept (Kept)
+        self.made_for: tuple = ()  # (modules, save_modules, plan) it was installed for
+
+    def current(self, modules: list, save_modules: set[str], plan: Any) -> bool:
+        """Whether these frames still serve a capture of ``modules``: each wrapped call is
+        still this one's and its module has gained no hooks (which take the hook route)."""
+        was_modules, was_saved, was_plan = self.made_for
+        if modules is not was_modules or save_modules != was_saved or plan is not was_plan \
+                or _module._global_forward_pre_hooks or _module._global_forward_hooks:
+            return False
+        return all(attrs.get(_CALL) is wrapper and not attrs.get("_forward_pre_hooks") and
+                   not attrs.get("_forward_hooks") for attrs, _, wrapper in self.wrapped)
 
     def remove(self) -> None:
         for attrs, before, wrapper in reversed(self.wrapped):
@@ -287,7 +301,66 @@ def install(named_modules, state, calls: list, save_modules: set[str], plan: Any
         for handle in handles:
             handle.remove()
         raise
+
+    def bind(new_state, new_calls):
+        # the closures above read these cells: a later capture of the same modules takes the
+        # frames over by rebinding them (no capture at all while ``owner`` is None)
+        nonlocal state, calls, counts, frames, records, tensors, writes, owner
+        state, calls, counts = new_state, new_calls, {}
+        frames, records, tensors = new_state.frames, new_state.records, new_state.tensors
+        writes = new_state.writes
+        owner = None if new_state is _IDLE else get_ident()
+
+    unwrap.bind = bind
+    unwrap.reusable = not addresses and not any(
+        isinstance(m, LazyModuleMixin) for _, m in named_modules) and state.light is None
+    unwrap.made_for = (named_modules, set(save_modules), plan)
     return handles
+
+
+class Kept:
+    """Frames installed once for a run of captures of one model (a step run's steps) and kept
+    between them: each capture binds them to its own state; frames that no longer serve
+    (the model read again, a module given hooks or compiled) are installed again.
+    ``remove()`` when the run ends; between captures the frames pass every call through."""
+
+    def __init__(self) -> None:
+        self.handles: list | None = None
+
+    def open(self, modules: list, state: Any, calls: list, save_modules: set[str],
+             plan: Any) -> list:
+        handles = self.handles
+        if handles is not None and handles[0].current(modules, save_modules, plan):
+            handles[0].bind(state, calls)
+            return handles
+        self.remove()
+        handles = install(modules, state, calls, save_modules, plan)
+        self.handles = handles if handles[0].reusable else None
+        return handles
+
+    def close(self, handles: list) -> None:
+        """End one capture: kept frames stop capturing, others are removed."""
+        if handles is self.handles:
+            handles[0].bind(_IDLE, [])
+        else:
+            for handle in handles:
+                handle.remove()
+
+    def remove(self) -> None:
+        if self.handles is not None:
+            for handle in self.handles:
+                handle.remove()
+            self.handles = None
+
+
+class _Idle:
+    """The state kept frames point at between captures (their owner is no thread)."""
+
+    frames = records = tensors = None
+    writes: dict = {}
+
+
+_IDLE = _Idle()
 
 
 def _keep_values(state: Any, found: list) -> None:

@@ -92,7 +92,8 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
 def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
             provenance: dict | None = None, replay: bool = False,
             inv: Inventory | None = None, edits: Any = None, templates: bool = False,
-            grads: Any = None, keep_output: bool = False, recorder: Any = None) -> Trace:
+            grads: Any = None, keep_output: bool = False, recorder: Any = None,
+            frames: Any = None) -> Trace:
     """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace.
 
     ``replay=True`` also keeps each op's call template and live output (for validation) in
@@ -108,15 +109,17 @@ def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
     recorder from the capture's state (default: ``Recorder``); when its ``finish()`` returns
     something (a step run's ``Follower`` that found the step's graph equal to the one it
     followed), the capture returns that, with the forward's output as its ``.output``, instead
-    of a Trace.
+    of a Trace. ``frames``: a ``boundaries.Kept`` whose module frames stay installed from one
+    capture to the next (a step run's), instead of frames installed for this capture alone.
     """
     with paused():
         return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model),
-                        edits, templates, grads, keep_output, recorder)
+                        edits, templates, grads, keep_output, recorder, frames)
 
 
 def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan=None,
-             templates=False, grads=None, keep_output=False, make_recorder=None) -> Trace:
+             templates=False, grads=None, keep_output=False, make_recorder=None,
+             kept=None) -> Trace:
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     # the inventory's id tables (each capture takes its own inventory, so they are its to grow)
     state = CaptureState(inv.param_ids, inv.buffer_ids, save_all, save_labels)
@@ -141,7 +144,8 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
     offloaded = inv.hooked
     no_values = inv.has_meta and is_meta(model)
     recorder = (make_recorder or (TemplateRecorder if templates else Recorder))(state)
-    handles = install_boundaries(inv.modules, state, calls, save_modules, seam)  # removed below
+    handles = install_boundaries(inv.modules, state, calls, save_modules, seam) if kept is None \
+        else kept.open(inv.modules, state, calls, save_modules, seam)  # removed below
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     try:
@@ -153,8 +157,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
             del out  # what the forward returned is copied; let its graph go before settling
     except BaseException as exc:
         _active.depth -= 1
-        for h in handles:
-            h.remove()
+        _close(handles, kept)
         recorder.finish(t0, failed=True)
         note_writes(state.writes)
         lost = _settle(state, inv, args, kwargs)
@@ -169,12 +172,11 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
             raise op_unsupported(exc, state.failure, partial) from exc
         raise
     _active.depth -= 1
-    for h in handles:
-        h.remove()
-    kept = recorder.finish(t0)
-    if kept is not None:
-        kept.output = live
-        return kept
+    _close(handles, kept)
+    followed = recorder.finish(t0)
+    if followed is not None:
+        followed.output = live
+        return followed
     note_writes(state.writes)
     lost = _settle(state, inv, args, kwargs)
     state.real.clear()  # what torch.vmap's ops made, held until now
@@ -200,6 +202,15 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
                           "grads": state.grads, "versions": state.versions,
                           "orders": state.orders, "autocast": state.autocast}
     return result
+
+
+def _close(handles: list, kept: Any) -> None:
+    """Take a capture's module frames off (kept ones only stop capturing)."""
+    if kept is None:
+        for h in handles:
+            h.remove()
+    else:
+        kept.close(handles)
 
 
 def raw_records(trace: Trace) -> tuple[list, dict] | None:

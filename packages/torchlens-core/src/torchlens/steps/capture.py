@@ -68,6 +68,7 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
     ``at_steps`` that the block never reached refuses ``steps_not_reached`` when the block ends;
     an exception in the block carries the steps so far as ``err.partial_run``.
     """
+    from ..capture.boundaries import Kept
     from ..capture.engine import capture, parse_save, saves_nothing
     from ..capture.inventory import inventory
     from ..capture.recorder import Recorder
@@ -87,11 +88,13 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
     plan = plan_edits(edits, inv, model, allow_unfired, "steps")
     chosen, wanted = _selector(at_steps)
     run = StepRun(type(model).__name__, at_steps)
+    kept = Kept()  # the module frames, installed at a captured step, kept for the next one
 
     def step(args: tuple, kwargs: dict) -> Any:
         index = run.count
         run.count += 1
         if not chosen(index):
+            kept.remove()  # a step not captured runs with no frames at all
             start = time.perf_counter_ns()
             out = redirect.original(*args, **kwargs)
             run.skipped_ns += time.perf_counter_ns() - start
@@ -106,7 +109,8 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
         follower = None if graph is None else (
             lambda state: Recorder(state) if state.guard is not None else Follower(state, graph[1]))
         trace = capture(model, args, kwargs, save=save, inv=dataclasses.replace(
-            inv, param_ids=dict(inv.param_ids)), edits=plan, keep_output=True, recorder=follower)
+            inv, param_ids=dict(inv.param_ids)), edits=plan, keep_output=True, recorder=follower,
+            frames=kept)
         if isinstance(trace, Followed):  # the step kept to the graph of the one before
             run.add_followed(index, graph[0], trace)
             return trace.output
@@ -125,6 +129,7 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
         exc.partial_run = run
         raise
     finally:
+        kept.remove()
         redirect.remove()
         del model.__dict__[MARK]
     missing = [k for k in wanted if k >= run.count]
