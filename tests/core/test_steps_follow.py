@@ -6,6 +6,7 @@ Every step's Trace must equal a capture of the same call on its own, whichever w
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -153,3 +154,43 @@ def test_steps_that_save_or_edit_are_captured_in_full():
         finally:
             StepRun.add_followed = add
         assert run.structures == 1 and run.captured == [0, 1, 2]
+
+
+class Napping(nn.Module):
+    """A submodule that sleeps when told to: its call takes time no op of it takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.nap = 0.0
+
+    def forward(self, x):
+        if self.nap:
+            time.sleep(self.nap)
+        return self.lin(x)
+
+
+class Sleepy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.slow = Napping()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.slow(x)))
+
+
+@pytest.mark.parametrize("save", [None, ["head"]])
+def test_steps_sharing_a_graph_keep_their_own_module_call_times(save):
+    torch.manual_seed(0)
+    model, xs = Sleepy().eval(), torch.randn(5, 3, 4)
+    with tl.steps(model, save=save) as run:
+        for k, x in enumerate(xs):
+            model.slow.nap = 0.05 if k == 3 else 0.0
+            model(x)
+    assert run.structures == 1 and run.shared(3) == 0  # step 3 is rebuilt from step 0's graph
+    took = [run[k].modules["slow"].calls[0].time_ns for k in range(5)]
+    assert took[3] >= 50e6 and all(t < 50e6 for i, t in enumerate(took) if i != 3)
+    assert sum(op.time_ns for op in run[3].ops) < 50e6  # the nap is the call's, no op's
+    assert run[3].modules["head"].calls[0].time_ns < 50e6
+    assert run[0].modules["slow"].calls[0].time_ns < 50e6  # the shared graph is not changed

@@ -175,7 +175,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
     _close(handles, kept)
     followed = recorder.finish(t0)
     if followed is not None:
-        followed.output = live
+        followed.output, followed.calls = live, calls
         return followed
     note_writes(state.writes)
     lost = _settle(state, inv, args, kwargs)
@@ -213,14 +213,15 @@ def _close(handles: list, kept: Any) -> None:
         kept.close(handles)
 
 
-def raw_records(trace: Trace) -> tuple[list, dict] | None:
-    """The records and kept values of a capture not yet materialized (None once it is): what
-    a step run compares and keeps of a step whose graph an earlier step already has."""
+def raw_records(trace: Trace) -> tuple[list, dict, list] | None:
+    """The records, kept values and finished module calls (their frames) of a capture not yet
+    materialized (None once it is): what a step run compares and keeps of a step whose graph
+    an earlier step already has."""
     pending = trace._pending
     if pending is None or not isinstance(pending, functools.partial):
         return None
-    state = pending.args[0]
-    return state.records, state.values
+    state, calls = pending.args[:2]
+    return state.records, state.values, calls
 
 
 def record_costs(record: tuple, weight_shape: Callable[[str], Any]) -> tuple:

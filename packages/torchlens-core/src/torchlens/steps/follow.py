@@ -65,12 +65,14 @@ def followable(records: list) -> bool:
 @dataclasses.dataclass
 class Followed:
     """What a step that kept to the graph it followed leaves: its own times and the records
-    whose costs differ; ``output`` is what the forward returned."""
+    whose costs differ; ``output`` is what the forward returned, ``calls`` its module calls'
+    frames (their times)."""
 
     times: list[int]
     changed: dict[int, tuple]
     capture_ns: int
     output: Any = None
+    calls: list | None = None
 
 
 class _Ran:

@@ -50,6 +50,8 @@ class Step:
     times: array | None = None  # op times (a shared step)
     meta: dict[str, Any] | None = None  # a shared step's own meta (its edit rows)
     changed: dict[int, tuple] | None = None  # op index -> its raw record, where costs differ
+    call_order: tuple | None = None  # (address, pass) of its module calls (a shared step)
+    call_times: array | None = None  # their times, in that order
     token: int | None = None  # the token a generation step chose (tl.generate)
 
 
@@ -65,6 +67,7 @@ class StepRun:
         self._shapes: dict[tuple, list[tuple[int, list]]] = {}
         self._records: dict[int, list] = {}  # the raw records of each structure's first step
         self._followable: dict[int, bool] = {}  # structure -> a later step may follow it
+        self._orders: dict[tuple, tuple] = {}  # each order of module calls once
         self._last: int | None = None  # the step captured last
         self.count = 0  # top-level calls made in the block, captured or not
         self.skipped_ns = 0  # time of the calls not captured
@@ -90,9 +93,16 @@ class StepRun:
     def add_followed(self, index: int, first: int, kept: Any) -> None:
         """A step that kept to structure ``first``'s graph (``follow.Followed``)."""
         self._last = index
+        order, call_times = self._call_times(kept.calls)
         self._steps[index] = Step(index, first, len(kept.times), sum(kept.times), values={},
                                   times=array("q", kept.times),
-                                  meta={"capture_ns": kept.capture_ns}, changed=kept.changed)
+                                  meta={"capture_ns": kept.capture_ns}, changed=kept.changed,
+                                  call_order=order, call_times=call_times)
+
+    def _call_times(self, calls: list) -> tuple[tuple, array]:
+        """(the order of a step's module calls, their times): a shared step's own."""
+        order = tuple([(frame[0], frame[1]) for frame in calls])
+        return self._orders.setdefault(order, order), array("q", [frame[4] for frame in calls])
 
     def add(self, index: int, trace: Trace) -> None:
         """A captured step: shared with an earlier one when their graphs are the same."""
@@ -101,7 +111,7 @@ class StepRun:
         if raw is None:  # already materialized (a failed step): keep it whole
             self._steps[index] = Step(index, index, len(trace), 0, trace=trace)
             return
-        records, values = raw
+        records, values, calls = raw
         key, parents = signature(records)
         times = array("q", map(_TIME, records))
         total = sum(times)
@@ -116,8 +126,10 @@ class StepRun:
             base = self._records[first]
             changed = {i: records[i] for i in compress(range(len(records)), map(
                 ne, map(costs, records), map(costs, base)))}
+            order, call_times = self._call_times(calls)
             self._steps[index] = Step(index, first, len(records), total, values=dict(values),
-                                      times=times, meta=meta, changed=changed)
+                                      times=times, meta=meta, changed=changed,
+                                      call_order=order, call_times=call_times)
 
     # ---- reading -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -230,5 +242,9 @@ def _rebuild(template: Trace, step: Step) -> Trace:
     meta = {**{k: v for k, v in template.meta.items() if k != "edits"}, **step.meta,
             "step": step.index}
     modules = {a: m.copy() for a, m in template.modules.items()}
+    own = dict(zip(step.call_order, step.call_times))
+    for module in modules.values():
+        for call in module.calls:  # each module call's own time (0: this step made no such call)
+            call.time_ns = own.get((call.address, call.pass_num), 0)
     return Trace(ops, modules, template.params, template.buffers, template.output_structure,
                  meta, provenance=template.provenance)
