@@ -194,3 +194,30 @@ def test_steps_sharing_a_graph_keep_their_own_module_call_times(save):
     assert sum(op.time_ns for op in run[3].ops) < 50e6  # the nap is the call's, no op's
     assert run[3].modules["head"].calls[0].time_ns < 50e6
     assert run[0].modules["slow"].calls[0].time_ns < 50e6  # the shared graph is not changed
+
+
+class Counting(nn.Module):
+    """Returns a plain number beside its tensor, as a loop's step counter might."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x), {"calls": self.calls, "done": self.calls > 3}
+
+
+@pytest.mark.parametrize("save", [None, ["lin"]])
+def test_a_plain_value_in_a_steps_output_is_that_steps_own(save):
+    torch.manual_seed(0)
+    model, xs = Counting().eval(), torch.randn(5, 3, 4)
+    with tl.steps(model, save=save) as run:
+        for x in xs:
+            model(x)
+    assert run.structures == 1 and run.shared(4) == 0
+    values = [run[k].output_structure["items"][1]["items"] for k in range(5)]
+    assert [v[0]["value"] for v in values] == [1, 2, 3, 4, 5]
+    assert [v[1]["value"] for v in values] == [False, False, False, True, True]
+    assert run[0].output_structure["items"][1]["items"][0]["value"] == 1

@@ -175,7 +175,7 @@ def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan
     _close(handles, kept)
     followed = recorder.finish(t0)
     if followed is not None:
-        followed.output, followed.calls = live, calls
+        followed.output, followed.calls, followed.structure = live, calls, structure
         return followed
     note_writes(state.writes)
     lost = _settle(state, inv, args, kwargs)

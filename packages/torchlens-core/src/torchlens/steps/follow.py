@@ -66,13 +66,14 @@ def followable(records: list) -> bool:
 class Followed:
     """What a step that kept to the graph it followed leaves: its own times and the records
     whose costs differ; ``output`` is what the forward returned, ``calls`` its module calls'
-    frames (their times)."""
+    frames (their times), ``structure`` its output's structure (plain values in it too)."""
 
     times: list[int]
     changed: dict[int, tuple]
     capture_ns: int
     output: Any = None
     calls: list | None = None
+    structure: dict | None = None
 
 
 class _Ran:

@@ -52,6 +52,7 @@ class Step:
     changed: dict[int, tuple] | None = None  # op index -> its raw record, where costs differ
     call_order: tuple | None = None  # (address, pass) of its module calls (a shared step)
     call_times: array | None = None  # their times, in that order
+    structure: dict | None = None  # its output's structure, where it differs from the graph's
     token: int | None = None  # the token a generation step chose (tl.generate)
 
 
@@ -97,7 +98,13 @@ class StepRun:
         self._steps[index] = Step(index, first, len(kept.times), sum(kept.times), values={},
                                   times=array("q", kept.times),
                                   meta={"capture_ns": kept.capture_ns}, changed=kept.changed,
-                                  call_order=order, call_times=call_times)
+                                  call_order=order, call_times=call_times,
+                                  structure=self._own(first, kept.structure))
+
+    def _own(self, first: int, structure: dict) -> dict | None:
+        """A step's output structure where it differs from its graph's (a plain value in the
+        output that changed: a counter, a flag); None where it is the same."""
+        return None if structure == self._steps[first].trace.output_structure else structure
 
     def _call_times(self, calls: list) -> tuple[tuple, array]:
         """(the order of a step's module calls, their times): a shared step's own."""
@@ -129,7 +136,8 @@ class StepRun:
             order, call_times = self._call_times(calls)
             self._steps[index] = Step(index, first, len(records), total, values=dict(values),
                                       times=times, meta=meta, changed=changed,
-                                      call_order=order, call_times=call_times)
+                                      call_order=order, call_times=call_times,
+                                      structure=self._own(first, trace.output_structure))
 
     # ---- reading -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -246,5 +254,6 @@ def _rebuild(template: Trace, step: Step) -> Trace:
     for module in modules.values():
         for call in module.calls:  # each module call's own time (0: this step made no such call)
             call.time_ns = own.get((call.address, call.pass_num), 0)
-    return Trace(ops, modules, template.params, template.buffers, template.output_structure,
-                 meta, provenance=template.provenance)
+    structure = template.output_structure if step.structure is None else step.structure
+    return Trace(ops, modules, template.params, template.buffers, structure, meta,
+                 provenance=template.provenance)
