@@ -115,7 +115,8 @@ def install(named_modules, state, calls: list, save_modules: set[str], plan: Any
     record and its outputs, goes to ``calls``. ``save_modules`` are addresses whose outputs are
     kept. ``plan``: an edit plan naming module sites; each call of those modules passes its
     output through ``plan.module`` before its frame closes (the other modules' calls are as
-    they would be without it).
+    they would be without it). The first handle's ``bind`` points the frames at a later
+    capture's state, so that a run of captures keeps them installed (``Kept``).
     """
     handles: list = []
     counts: dict[str, int] = {}
@@ -329,6 +330,8 @@ class Kept:
 
     def open(self, modules: list, state: Any, calls: list, save_modules: set[str],
              plan: Any) -> list:
+        """The frames for one capture (as ``install`` makes them): the kept ones bound to its
+        state when they still serve, else newly installed (and kept when they can be)."""
         handles = self.handles
         if handles is not None and handles[0].current(modules, save_modules, plan):
             handles[0].bind(state, calls)
@@ -347,6 +350,7 @@ class Kept:
                 handle.remove()
 
     def remove(self) -> None:
+        """Take the kept frames off the model (the run ended, or a step runs without them)."""
         if self.handles is not None:
             for handle in self.handles:
                 handle.remove()
