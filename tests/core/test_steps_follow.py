@@ -6,7 +6,9 @@ Every step's Trace must equal a capture of the same call on its own, whichever w
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+import weakref
 
 import pytest
 import torch
@@ -56,6 +58,15 @@ class Branchy(nn.Module):
         return out
 
 
+@pytest.fixture(params=["held", "checked as they run"])
+def holding(request, monkeypatch):
+    """Followed steps either hold their ops until they end and check them then, or (a graph
+    whose ops made more than ``HOLD_BYTES``) check each op as it runs."""
+    if request.param != "held":
+        monkeypatch.setattr(sys.modules["torchlens.steps.run"], "HOLD_BYTES", 0)
+    return request.param
+
+
 def _run(modes, xs):
     model = Branchy().eval()
     followed = []
@@ -75,7 +86,7 @@ def _run(modes, xs):
 
 
 @pytest.mark.parametrize("mode", ["op", "edge", "inplace", "flag", "weight", "longer"])
-def test_a_step_that_departs_is_captured_as_a_capture_of_its_own(mode):
+def test_a_step_that_departs_is_captured_as_a_capture_of_its_own(mode, holding):
     torch.manual_seed(0)
     xs = [torch.randn(2, 4) for _ in range(5)]
     modes = ["same", "same", "same", mode, "same"]
@@ -91,7 +102,7 @@ def test_a_step_that_departs_is_captured_as_a_capture_of_its_own(mode):
     assert torch.equal(outs[3], model(xs[3], mode))  # the forward ran as it runs alone
 
 
-def test_kept_steps_store_no_graph_and_keep_their_own_costs():
+def test_kept_steps_store_no_graph_and_keep_their_own_costs(holding):
     torch.manual_seed(0)
 
     class Growing(nn.Module):
@@ -126,7 +137,7 @@ def test_kept_steps_store_no_graph_and_keep_their_own_costs():
     assert run._steps[3].trace is None and run._steps[3].changed  # no graph of its own
 
 
-def test_an_error_in_a_followed_step_keeps_the_steps_before_and_a_full_partial_trace():
+def test_an_error_in_a_followed_step_keeps_the_steps_before_and_a_full_partial_trace(holding):
     torch.manual_seed(0)
     xs = [torch.randn(2, 4) for _ in range(4)]
     with pytest.raises(ValueError) as info:
@@ -221,3 +232,126 @@ def test_a_plain_value_in_a_steps_output_is_that_steps_own(save):
     assert [v[0]["value"] for v in values] == [1, 2, 3, 4, 5]
     assert [v[1]["value"] for v in values] == [False, False, False, True, True]
     assert run[0].output_structure["items"][1]["items"][0]["value"] == 1
+
+
+class Flowing(nn.Module):
+    """The same calls every step; ``mode`` (and the input's layout) change only which tensor
+    a call reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x, mode="same"):
+        u = x.contiguous()  # x itself when it is contiguous: later reads of x read this op's
+        h = self.a(u)
+        d = nn.functional.dropout(h, 0.5, training=False)  # h itself, again
+        p, q = torch.tanh(d), torch.sigmoid(x)
+        c = torch.cat([q, p] if mode == "swap" else [p, q], -1)  # a sequence of tensors
+        s = torch.add(c[..., :4], other=p if mode == "kw" else q)  # a tensor keyword
+        return self.b(s * h)
+
+
+def test_a_step_is_checked_by_how_its_tensors_flowed():
+    """A followed step whose calls, and whose tensors' flow from op to op, are those of a step
+    checked in full is proven by that (and costs only its shapes): a step whose tensors flowed
+    otherwise, with the very same calls, is checked in full and departs."""
+    from torchlens.steps.follow import Follower
+
+    torch.manual_seed(0)
+    model = Flowing().eval()
+    modes = ["same", "same", "same", "swap", "same", "same", "same", "kw", "same", "same",
+             "same", "same", "same"]
+    xs = [torch.randn(2 + (k == 10), 4) for k in range(len(modes))]
+    xs[5] = torch.randn(4, 2).t()  # not contiguous: ``x.contiguous()`` makes a new tensor
+    proofs = {}
+    flowed, each = Follower._costs_of, Follower._check_each
+
+    def by_flow(self, *args):
+        proofs[run.count - 1] = "flow"
+        return flowed(self, *args)
+
+    def in_full(self, *args):
+        proofs[run.count - 1] = "full"
+        return each(self, *args)
+
+    Follower._costs_of, Follower._check_each = by_flow, in_full
+    try:
+        with tl.steps(model, save=None) as run:
+            for x, mode in zip(xs, modes):
+                model(x, mode)
+    finally:
+        Follower._costs_of, Follower._check_each = flowed, each
+    for i, (x, mode) in enumerate(zip(xs, modes)):
+        alone = tl.trace(model, (x, mode), save=None)
+        assert facts(run[i]) == facts(alone), i
+    # each change of flow is checked in full and is a graph of its own (or an earlier one)
+    assert [run.shared(i) for i in range(len(modes))] == [0, 0, 0, 3, 0, 5, 0, 7, 0, 0, 0, 0, 0]
+    assert proofs[2] == proofs[9] == proofs[11] == "flow"  # the same flow as a step before
+    assert proofs[1] == proofs[3] == proofs[5] == proofs[7] == "full"
+    assert proofs[10] == "flow" and run[10]["tanh_1"].shape == [3, 4]  # its own shapes
+    assert run[11]["tanh_1"].shape == [2, 4]
+
+
+class Witness(nn.Module):
+    """Notes, at its last op, whether a tensor its forward let go of is still alive."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.alive: list[bool] = []
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        seen = weakref.ref(h)
+        y = torch.sigmoid(h)
+        del h
+        self.alive.append(seen() is not None)
+        return y * 2
+
+
+@pytest.mark.parametrize("cap", [None, 0])
+def test_a_followed_step_holds_its_tensors_until_it_ends_only_below_the_cap(cap, monkeypatch):
+    """``HOLD_BYTES``: a graph whose ops made at most that many bytes is followed holding its
+    ops' tensors to the step's end (they are checked together then); above it, nothing is
+    held: each op is checked as it runs and its tensors go when the forward lets them go."""
+    if cap is not None:
+        monkeypatch.setattr(sys.modules["torchlens.steps.run"], "HOLD_BYTES", cap)
+    torch.manual_seed(0)
+    model, xs = Witness().eval(), torch.randn(4, 2, 4)
+    with tl.steps(model, save=None) as run:
+        for x in xs:
+            model(x)
+    held = cap is None
+    # step 0 is captured in full (it keeps nothing): the followers hold, or not
+    assert model.alive == [False] + [held] * 3
+    model.alive.clear()
+    model(xs[0])
+    assert model.alive == [False]  # the block's end: the model's own forward again
+    assert run.structures == 1
+    for i, x in enumerate(xs):
+        assert facts(run[i]) == facts(tl.trace(model, x, save=None))
+
+
+class Aliasing(nn.Module):
+    """``w.contiguous()`` returns ``w`` itself when ``x`` has one row (a read of ``w`` after it
+    is a read of that call's output) and a copy, left unused, otherwise."""
+
+    def forward(self, x):
+        w = x.t()
+        w.contiguous()
+        return torch.relu(w)
+
+
+def test_a_call_returning_a_tensor_it_was_given_is_part_of_the_flow():
+    torch.manual_seed(0)
+    model = Aliasing().eval()
+    xs = [torch.randn(1 + (k == 3), 4) for k in range(6)]
+    with tl.steps(model, save=None) as run:
+        for x in xs:
+            model(x)
+    for i, x in enumerate(xs):
+        assert facts(run[i]) == facts(tl.trace(model, x, save=None)), i
+    assert run[3]["relu_1"].parents == ["t_1"] and run[4]["relu_1"].parents == ["contiguous_1"]
+    assert [run.shared(i) for i in range(6)] == [0, 0, 0, 3, 0, 0]

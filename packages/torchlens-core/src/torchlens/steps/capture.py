@@ -106,8 +106,8 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
         if inv is None:  # the previous step created parameters: read the model again
             inv = inventory(model)
         graph = run.follow() if plan is None and saves_nothing(save) else None
-        follower = None if graph is None else (
-            lambda state: Recorder(state) if state.guard is not None else Follower(state, graph[1]))
+        follower = None if graph is None else (lambda state: Recorder(state) if state.guard
+                                               is not None else Follower(state, *graph[1:]))
         trace = capture(model, args, kwargs, save=save, inv=dataclasses.replace(
             inv, param_ids=dict(inv.param_ids)), edits=plan, keep_output=True, recorder=follower,
             frames=kept)

@@ -12,7 +12,9 @@ place; anything else is captured by ``Recorder`` itself.
 from __future__ import annotations
 
 import dataclasses
-from operator import itemgetter
+from itertools import chain, compress, count
+from math import prod
+from operator import attrgetter, itemgetter, ne
 from time import perf_counter_ns
 from typing import Any
 from weakref import ref as _ref
@@ -28,6 +30,7 @@ from ..capture.recorder import (
     _NONE,
     _PASSTHROUGH,
     _SCALARS,
+    R_BUFFERS,
     R_DTYPE,
     R_FLOPS,
     R_FRAME,
@@ -36,6 +39,7 @@ from ..capture.recorder import (
     R_KIND,
     R_NBYTES,
     R_OUT_SHAPES,
+    R_PARAMS,
     R_PARENTS,
     R_SHAPE,
     R_SLOT,
@@ -53,7 +57,62 @@ Parameter = torch.nn.Parameter
 costs = itemgetter(R_SHAPE, R_OUT_SHAPES, R_NBYTES, R_FLOPS)
 # what an input or output record must agree on with its graph's: kind, slot and producer
 _END = itemgetter(R_FUNC, R_PARENTS, R_DTYPE, R_KIND, R_SLOT)
+_EDGES = itemgetter(R_PARENTS, R_PARAMS, R_BUFFERS, R_DTYPE)  # what an op must agree on
+# a followed step holds its ops' tensors until it ends (checked then, at a third of the cost)
+# while they came to at most this many bytes in the step before; above, it checks each as it runs
+HOLD_BYTES = 64 << 20
+_SEQUENCE_TYPES = frozenset({tuple, list})  # what the recorder looks into for tensors
+_CONTAINERS = frozenset({tuple, list, dict})
+# of a held op: (function, args, kwargs, output, outputs, entry, time)
+_FUNC, _ARGS, _KWARGS, _MAIN, _OUTS, _, _ELAPSED = (itemgetter(k) for k in range(7))
+_CALL = itemgetter(0, 1)  # of a module frame: (address, pass)
+_FACTS = attrgetter("dtype", "shape")
 _NOT_FOLLOWED = frozenset({"data", "set_data"})  # calls whose output aliases another's memory
+
+
+def _bytes(record: tuple) -> int:
+    """What a raw record's output takes in memory."""
+    return record[R_NBYTES] or prod(record[R_SHAPE]) * record[R_DTYPE].itemsize
+
+
+def made(records: list) -> int:
+    """The bytes a graph's ops made (what a step following it holds until it ends)."""
+    return sum(_bytes(r) for r in records if r[R_KIND] == "op")
+
+
+def _flow(held: list, mains: list, base: dict, start: int) -> tuple | None:
+    """How a step's tensors went from op to op, as plain data (None where a sequence holds a
+    container, or a parameter no inventory names is read): for every argument of every op
+    (keywords, and the items of a sequence, too), the op that first made it, or the
+    parameter, buffer or input it is, or else its type; and the same for what each op
+    returned. The recorder's edges are a function of this: two steps of one graph whose flows
+    are equal have the same edges (each tensor they hold is alive, so an id names one)."""
+    argss = list(map(_ARGS, held))
+    kwargss = list(map(_KWARGS, held))
+    keyed = list(compress(kwargss, kwargss))  # the keywords of the calls given any
+    out_ids = list(map(id, mains))
+    made = dict(zip(reversed(out_ids), range(start + len(held) - 1, start - 1, -1)))
+    outss = list(map(_OUTS, held))
+    extra = [(id(t), i) for i, outs in compress(zip(count(start), outss), outss)
+             for t in outs[1:]]
+    for key, i in extra:
+        if made.setdefault(key, i) > i:
+            made[key] = i
+    made.update(base)  # a parameter, buffer or input is what it is wherever an op returns it
+    get = made.get
+    everything = list(chain.from_iterable(argss))
+    everything += chain.from_iterable(map(dict.values, keyed))
+    kinds = list(map(type, everything))
+    seqs = list(compress(everything, map(_SEQUENCE_TYPES.__contains__, kinds)))
+    items = list(chain.from_iterable(seqs))
+    item_kinds = list(map(type, items))
+    signs = list(map(get, map(id, everything), kinds))
+    item_signs = list(map(get, map(id, items), item_kinds))
+    if Parameter in signs or Parameter in item_signs or not _CONTAINERS.isdisjoint(item_kinds):
+        return None
+    return (list(map(len, argss)), list(map(bool, kwargss)), list(chain.from_iterable(keyed)),
+            list(map(len, keyed)), signs, list(map(len, seqs)), item_signs,
+            list(map(get, out_ids)), [get(key) for key, _ in extra])
 
 
 def followable(records: list) -> bool:
@@ -66,7 +125,8 @@ def followable(records: list) -> bool:
 class Followed:
     """What a step that kept to the graph it followed leaves: its own times and the records
     whose costs differ; ``output`` is what the forward returned, ``calls`` its module calls'
-    frames (their times), ``structure`` its output's structure (plain values in it too)."""
+    frames (their times), ``structure`` its output's structure (plain values in it too),
+    ``held_bytes`` what its ops made when it held them until it ended (else None)."""
 
     times: list[int]
     changed: dict[int, tuple]
@@ -74,6 +134,7 @@ class Followed:
     output: Any = None
     calls: list | None = None
     structure: dict | None = None
+    held_bytes: int | None = None
 
 
 class _Ran:
@@ -88,30 +149,39 @@ class _Ran:
 
 
 class Follower(Recorder):
-    """Records a step by following ``template`` (the records of a graph an earlier step had)."""
+    """Records a step by following ``template`` (the records of a graph an earlier step had).
 
-    def __init__(self, state: Any, template: list):
+    ``hold``: each op only keeps what it was called with and returned, until the step ends,
+    and the ops are checked against the graph then, together (between two ops, where the
+    CPU's caches are cold, every check costs several times what it costs in one loop after the
+    forward); without it each op is checked as it runs, and nothing is held (``HOLD_BYTES``).
+    ``known``: what the followers of this graph found so far (``_settle``); ``made``: the
+    bytes the graph's ops made."""
+
+    def __init__(self, state: Any, template: list, hold: bool = True,
+                 known: dict | None = None, made: int = 0):
         super().__init__(state)
         self.template = template
         self.start = len(state.records)  # the step's inputs are recorded before the forward
         self.times: list[int] = []
         self.changed: list[int] = []
         self.following = True
+        self.departed = False
+        self.held: list | None = [] if hold else None
+        self.entries = dict(state.tensors)  # the inputs' (the held check's own id table)
+        self.known = {} if known is None else known
+        self.made = made
+        self.held_bytes: int | None = None  # known when it held them
+        self.flow: tuple | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if not self.following:
-            return Recorder.__torch_function__(self, func, types, args, kwargs)
         s = self.state
         if func in _PASSTHROUGH or s.suspended:
             return func(*args, **kwargs) if kwargs else func(*args)
-        records = s.records
-        index = len(records)
-        name = _names.get(func) or func_name(func)
-        frame = s.frames[-1]
-        want = self.template[index] if index < len(self.template) else None
-        same = want is not None and want[0] == name and want[1][0] == frame[0] and \
-            want[1][1] == frame[1]
-        if (not same or kwargs and "out" in kwargs) and written_by(func, args, kwargs or _EMPTY):
+        held = self.held
+        if held is None:
+            return self._follow_now(func, types, args, kwargs)
+        if kwargs and "out" in kwargs and written_by(func, args, kwargs):
             self.depart()  # a call that writes: recorded from before it runs
             return Recorder.__torch_function__(self, func, types, args, kwargs)
         t0 = perf_counter_ns()
@@ -132,17 +202,90 @@ class Follower(Recorder):
             if len(outs) == 1:
                 outs = None
             if main.is_nested:
-                same = False
-        if not same:
-            return self._replay(func, types, args, kwargs, out, elapsed, name)
+                return self._replay(func, types, args, kwargs, out, elapsed)
+        if is_wrapped(main):  # inside a functorch transform: the recorder's own business
+            return self._replay(func, types, args, kwargs, out, elapsed)
         if main is (args[0] if args else None) and written_by(func, args, kwargs or _EMPTY):
-            # the graph's call, told to write in place this time (``inplace=True``)
-            return self._replay(func, types, args, kwargs, out, elapsed, name, inplace=True)
-        # the inputs, found as the recorder finds them (no write has happened while following)
-        tensors, param_ids, buffer_ids = s.tensors, s.param_ids, s.buffer_ids
+            return self._replay(func, types, args, kwargs, out, elapsed, inplace=True)
+        records = s.records
+        index = len(records)
+        records.append(s.frames[-1])  # the graph's record stands for it, checked when it ends
+        tensors = s.tensors
+        if outs is None:
+            entry = tensors[id(main)] = (index, _ref(main), main._version, 0)
+        else:
+            entry = []
+            for position, t in enumerate(outs):
+                entry.append((t, (index, _ref(t), t._version, position)))
+                tensors[id(t)] = entry[-1][1]
+        held.append((func, args, kwargs, main, outs, entry, elapsed))
+        return out
+
+    def _follow_now(self, func, types, args, kwargs):
+        """A call checked against the graph as it runs (a step that holds nothing), or
+        recorded by the recorder (a step that departed)."""
+        if not self.following:
+            return Recorder.__torch_function__(self, func, types, args, kwargs)
+        s = self.state
+        records = s.records
+        index = len(records)
+        name = _names.get(func) or func_name(func)
+        frame = s.frames[-1]
+        want = self.template[index] if index < len(self.template) else None
+        same = want is not None and want[0] == name and want[1][0] == frame[0] and \
+            want[1][1] == frame[1]
+        if (not same or kwargs and "out" in kwargs) and written_by(func, args, kwargs or _EMPTY):
+            self.depart()
+            return Recorder.__torch_function__(self, func, types, args, kwargs)
+        t0 = perf_counter_ns()
+        try:
+            out = func(*args, **kwargs) if kwargs else func(*args)
+        except BaseException as exc:
+            self.depart()
+            self._note_failure(func, args, kwargs, exc)
+            raise
+        elapsed = perf_counter_ns() - t0
+        if type(out) is Tensor:
+            main, outs = out, None
+        else:
+            outs = tensor_outputs(func, args[0] if args else None, out)
+            if outs is None:
+                return out
+            main = outs[0]
+            if len(outs) == 1:
+                outs = None
+            if main.is_nested:
+                same = False
+        if not same or is_wrapped(main):
+            return self._replay(func, types, args, kwargs, out, elapsed)
+        if main is (args[0] if args else None) and written_by(func, args, kwargs or _EMPTY):
+            return self._replay(func, types, args, kwargs, out, elapsed, inplace=True)
+        rec = self._own(s.tensors, name, frame, args, kwargs, main, outs, elapsed)
+        if _EDGES(rec) != _EDGES(want):
+            return self._replay(func, types, args, kwargs, out, elapsed)
+        if costs(rec) != costs(want):
+            records.append(rec)
+            self.changed.append(index)
+        else:
+            records.append(frame)
+        self.times.append(elapsed)
+        if outs is None:
+            s.tensors[id(main)] = (index, _ref(main), main._version, 0)
+        else:
+            for position, t in enumerate(outs):
+                s.tensors[id(t)] = (index, _ref(t), t._version, position)
+        return out
+
+    def _own(self, tensors: dict, name: str, frame: list, args: tuple, kwargs: dict | None,
+             main: Tensor, outs: list | None, elapsed: int) -> tuple:
+        """The record the recorder makes of a call that ran, wrote nothing in place and is no
+        transform's (what a followed op is): ``tensors`` maps the ids of the tensors made so far
+        to their entries."""
+        s = self.state
+        param_ids, buffer_ids = s.param_ids, s.buffer_ids
         inputs = _inputs(args, kwargs) if kwargs else args
-        while True:
-            parents: list[int] = []
+        while True:  # runs once, twice when a positional argument is a sequence holding tensors
+            parents: Any = []
             params = buffers = _NONE
             for t in inputs:
                 if type(t) is not Tensor and not isinstance(t, Tensor):
@@ -157,35 +300,40 @@ class Follower(Recorder):
                     params = params + (p,)
                     if key not in tensors:
                         continue
-                else:
-                    if buffer_ids:
-                        b = buffer_ids.get(key)
-                        if b is not None:
-                            buffers = buffers + (b,)
-                    if type(t) is not Tensor and isinstance(t, Parameter) and key not in \
-                            buffer_ids:  # a parameter the forward made
-                        return self._replay(func, types, args, kwargs, out, elapsed, name)
+                elif buffer_ids:
+                    b = buffer_ids.get(key)
+                    if b is not None:
+                        buffers = buffers + (b,)
+                if p is None and type(t) is not Tensor and isinstance(t, Parameter) and \
+                        key not in buffer_ids:  # a parameter the forward made
+                    adopted = s.adopt_parameter(t)
+                    if adopted is not None:
+                        params = params + (adopted,)
                 entry = tensors.get(key)
                 if entry is not None and entry[1]() is t:
                     if entry[0] not in parents:
                         parents.append(entry[0])
-                elif p is None and key not in buffer_ids and is_wrapped(t):
-                    return self._replay(func, types, args, kwargs, out, elapsed, name)
+                elif p is None and key not in buffer_ids:
+                    made = s.unseen(t)
+                    if made is not None and made not in parents:
+                        parents.append(made)
             else:
                 break
         if len(parents) == 1:
             parents = parents[0]
-        elif not parents and is_wrapped(main):
-            return self._replay(func, types, args, kwargs, out, elapsed, name)
-        if parents != want[2] or params != want[3] or buffers != want[4] or \
-                main.dtype is not want[6]:
-            return self._replay(func, types, args, kwargs, out, elapsed, name)
+        shape, out_shapes, nbytes, flops = self._costs(name, args, kwargs, main, outs)
+        return (name, frame, parents, params, buffers, shape, main.dtype, main.device,
+                out_shapes, nbytes, False, main._is_view(), flops, elapsed, None, "op", None)
+
+    def _costs(self, name: str, args: tuple, kwargs: dict | None, main: Tensor,
+               outs: list | None) -> tuple:
+        """(shape, out_shapes, nbytes, FLOPs) of a call that ran, as the recorder records them."""
         shape = main.shape
         flops = None
         if name in FORMULAS:
             weight = WEIGHT_ARG.get(name)
             if weight is not None and len(args) > weight[0]:
-                flops = param_ids.get(id(args[weight[0]]))
+                flops = self.state.param_ids.get(id(args[weight[0]]))
             if flops is None:
                 flops = ([a.shape if isinstance(a, Tensor) else a for a in args],
                          shapes(kwargs) if kwargs else kwargs)
@@ -194,27 +342,101 @@ class Follower(Recorder):
         else:
             out_shapes = [t.shape for t in outs]
             nbytes = sum(t.element_size() * t.numel() for t in outs)
-        if shape != want[5] or flops != want[12] or out_shapes != want[8] or nbytes != want[9]:
-            # a cost of this step's own: kept as the recorder would record the op
-            records.append((name, frame, parents, params, buffers, s.shapes.setdefault(
-                shape, shape), main.dtype, main.device, out_shapes, nbytes, False, want[11],
-                flops, elapsed, None, "op", None))
-            self.changed.append(index)
-        else:
-            records.append(frame)  # the graph's record stands for it, with this frame
-        self.times.append(elapsed)
-        if outs is None:
-            tensors[id(main)] = (index, _ref(main), main._version, 0)
-        else:
-            for position, t in enumerate(outs):
-                tensors[id(t)] = (index, _ref(t), t._version, position)
-        return out
+        return self.state.shapes.setdefault(shape, shape), out_shapes, nbytes, flops
 
-    def _replay(self, func, types, args, kwargs, out, elapsed, name, inplace=False):
+    def _settle(self) -> None:
+        """Check the held ops against the graph, now that they ran: an op that agrees keeps
+        the graph's record (its own where its costs differ); from the first that departs on,
+        each gets its own record and the step stops following. A step whose calls (functions,
+        module calls) are the graph's and whose tensors flowed as they did in a step checked in
+        full (``_flow``) has that step's edges: only its dtypes and costs are read."""
+        held, self.held = self.held, None
+        if held is None:
+            return
+        s, known, template, start = self.state, self.known, self.template, self.start
+        end = start + len(held)
+        self.times = list(map(_ELAPSED, held))
+        names = list(map(_names.get, map(_FUNC, held)))
+        if None in names:
+            names = [name or func_name(func) for name, func in zip(names, map(_FUNC, held))]
+        if "names" not in known:
+            known["names"] = [rec[R_FUNC] for rec in template]
+            known["calls"] = [(rec[R_FRAME][0], rec[R_FRAME][1]) for rec in template]
+            known["facts"] = [(rec[R_DTYPE], rec[R_SHAPE]) for rec in template]
+            # ops whose costs are read every step: FLOPs from argument shapes, several outputs
+            known["costly"] = [i for i, rec in enumerate(template) if rec[R_KIND] == "op" and (
+                rec[R_OUT_SHAPES] is not None or rec[R_FLOPS] is not None and
+                type(rec[R_FLOPS]) is not str)]
+        base = {key: (name,) for key, name in s.buffer_ids.items()}
+        base.update(s.param_ids)
+        base.update((key, entry[0]) for key, entry in self.entries.items())
+        mains = list(map(_MAIN, held))
+        flow = _flow(held, mains, base, start)
+        facts = list(map(_FACTS, mains))
+        graph = known["facts"][start:end]
+        moved = [] if facts == graph else list(compress(count(start), map(ne, facts, graph)))
+        if flow is not None and flow == known.get("flow") and \
+                names == known["names"][start:end] and \
+                list(map(_CALL, s.records[start:end])) == known["calls"][start:end] and \
+                all(facts[i - start][0] is known["facts"][i][0] for i in moved):
+            # the graph's edges: the shapes that moved, and FLOPs read from shapes, are costs
+            self._costs_of(held, names, sorted({*moved, *(
+                i for i in known["costly"] if start <= i < end)}))
+        else:
+            self._check_each(held, names)
+            self.flow = flow  # the step's, checked in full: the next steps' proof, if it ends well
+
+    def _costs_of(self, held: list, names: list[str], which: list[int]) -> None:
+        """The ops ``which`` (record indices; their edges are the graph's) with their own
+        costs, where they differ from the graph's."""
+        records, start, template = self.state.records, self.start, self.template
+        delta = 0
+        for i in which:
+            _, args, kwargs, main, outs, _, elapsed = held[i - start]
+            own = self._costs(names[i - start], args, kwargs, main, outs)
+            want = template[i]
+            if own != costs(want):
+                shape, out_shapes, nbytes, flops = own
+                rec = want[:R_FRAME] + (records[i],) + want[R_FRAME + 1:R_SHAPE] + (
+                    shape, main.dtype, main.device, out_shapes, nbytes) + want[R_INPLACE:
+                    R_FLOPS] + (flops, elapsed) + want[R_TIME + 1:]
+                records[i] = rec
+                self.changed.append(i)
+                delta += _bytes(rec) - _bytes(want)
+        self.held_bytes = self.made + delta
+
+    def _check_each(self, held: list, names: list[str]) -> None:
+        """Each held op checked in full against the graph, in the order they ran."""
+        s, template, start = self.state, self.template, self.start
+        records, entries, changed = s.records, self.entries, self.changed
+        index, agreed, delta = start, True, 0
+        for (_, args, kwargs, main, outs, entry, elapsed), name in zip(held, names):
+            frame = records[index]
+            rec = self._own(entries, name, frame, args, kwargs, main, outs, elapsed)
+            if agreed:
+                want = template[index] if index < len(template) else None
+                if want is None or want[R_FUNC] != name or want[R_FRAME][0] != frame[0] or \
+                        want[R_FRAME][1] != frame[1] or _EDGES(rec) != _EDGES(want):
+                    agreed = self.following = False
+                elif costs(rec) == costs(want):
+                    rec = None
+                else:
+                    changed.append(index)
+                    delta += _bytes(rec) - _bytes(want)
+            if rec is not None:
+                records[index] = rec
+            if outs is None:
+                entries[id(main)] = entry
+            else:
+                entries.update((id(t), e) for t, e in entry)
+            index += 1
+        self.held_bytes = self.made + delta
+
+    def _replay(self, func, types, args, kwargs, out, elapsed, inplace=False):
         """The call departs from the graph after it ran: record it as the recorder would (its
         time, and a write in place, which the recorder tells by the version before the call)."""
         self.depart()
-        ran = _Ran(out, name)
+        ran = _Ran(out, _names.get(func) or func_name(func))
         s = self.state
         records = s.records
         index = len(records)
@@ -235,8 +457,10 @@ class Follower(Recorder):
 
     def depart(self) -> None:
         """Stop following: every op followed so far gets its full record."""
-        if not self.following:
+        if self.departed:
             return
+        self.departed = True
+        self._settle()
         self.following = False
         records, template, start = self.state.records, self.template, self.start
         for index in range(start, len(records)):
@@ -250,6 +474,8 @@ class Follower(Recorder):
         """A step that kept to the graph to its end (the same inputs, ops and outputs): its
         times and differing records. Otherwise the ops become full records (None)."""
         records, template = self.state.records, self.template
+        if not failed:
+            self._settle()
         if self.following and not failed and len(records) == len(template):
             ends = [*range(self.start), *range(self.start + len(self.times), len(records))]
             if all(_END(records[i]) == _END(template[i]) for i in ends):
@@ -258,7 +484,10 @@ class Follower(Recorder):
                                costs(template[i]))
                 times = [0] * self.start + self.times + [0] * (len(records) - self.start -
                                                                len(self.times))
-                return Followed(times, changed, perf_counter_ns() - start_ns)
+                if self.flow is not None:
+                    self.known["flow"] = self.flow
+                return Followed(times, changed, perf_counter_ns() - start_ns,
+                                held_bytes=self.held_bytes)
         self.depart()
         return None
 

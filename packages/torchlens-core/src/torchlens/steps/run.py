@@ -20,7 +20,7 @@ import torch
 
 from ..capture.engine import raw_records, record_costs
 from ..trace import Trace
-from .follow import costs, followable
+from .follow import HOLD_BYTES, costs, followable, made
 
 _KEY = itemgetter(0, 3, 4, 6, 10, 11, 15)  # function, params, buffers, dtype, in place, view, kind
 _FRAME = itemgetter(1)
@@ -68,6 +68,9 @@ class StepRun:
         self._shapes: dict[tuple, list[tuple[int, list]]] = {}
         self._records: dict[int, list] = {}  # the raw records of each structure's first step
         self._followable: dict[int, bool] = {}  # structure -> a later step may follow it
+        # structure -> the bytes its ops made: in its first step, in its last step
+        self._made: dict[int, tuple[int, int]] = {}
+        self._known: dict[int, dict] = {}  # structure -> what its followers proved of it
         self._orders: dict[tuple, tuple] = {}  # each order of module calls once
         self._last: int | None = None  # the step captured last
         self.count = 0  # top-level calls made in the block, captured or not
@@ -77,9 +80,11 @@ class StepRun:
         self.provenance: dict[str, Any] = {}
 
     # ---- filling -----------------------------------------------------------------------------
-    def follow(self) -> tuple[int, list] | None:
-        """(structure, its records) for the next step to follow: the graph of the step captured
-        last, when nothing in it wrote in place (``follow.followable``)."""
+    def follow(self) -> tuple[int, list, bool, dict, int] | None:
+        """(structure, its records, hold?, what its followers proved of it, its ops' bytes)
+        for the next step to follow (``follow.Follower``): the graph of the step captured last,
+        when nothing in it wrote in place (``follow.followable``); ``hold`` when its ops made
+        at most ``follow.HOLD_BYTES`` in the last step that had it."""
         if self._last is None:
             return None
         first = self._steps[self._last].shares
@@ -89,11 +94,16 @@ class StepRun:
         ok = self._followable.get(first)
         if ok is None:
             ok = self._followable[first] = followable(records)
-        return (first, records) if ok else None
+        if not ok:
+            return None
+        base, last = self._made.get(first) or self._made.setdefault(first, (made(records),) * 2)
+        return first, records, last <= HOLD_BYTES, self._known.setdefault(first, {}), base
 
     def add_followed(self, index: int, first: int, kept: Any) -> None:
         """A step that kept to structure ``first``'s graph (``follow.Followed``)."""
         self._last = index
+        if kept.held_bytes is not None:
+            self._made[first] = (self._made[first][0], kept.held_bytes)
         order, call_times = self._call_times(kept.calls)
         self._steps[index] = Step(index, first, len(kept.times), sum(kept.times), values={},
                                   times=array("q", kept.times),
@@ -237,7 +247,7 @@ class StepRun:
 def _rebuild(template: Trace, step: Step) -> Trace:
     """Step ``step``'s Trace: the shared graph with its own values, times, shapes and costs
     where they differ, and edit rows."""
-    weights = {name: info["shape"] for name, info in template.params.items()}
+    weights = {name: torch.Size(info["shape"]) for name, info in template.params.items()}
     ops = []
     for op in template.ops:
         own = {}
