@@ -47,6 +47,8 @@ class Branchy(nn.Module):
         g = h * x if mode == "edge" else h * h
         if mode == "inplace":
             g.add_(1.0)
+        if mode == "grow":  # a write of its shape: what ran before it is read before it
+            g.unsqueeze_(0)
         if mode == "weight":  # the same call on another parameter
             out = nn.functional.linear(g, self.a.weight, self.b.bias)
         else:
@@ -85,7 +87,7 @@ def _run(modes, xs):
     return model, run, outs, followed
 
 
-@pytest.mark.parametrize("mode", ["op", "edge", "inplace", "flag", "weight", "longer"])
+@pytest.mark.parametrize("mode", ["op", "edge", "inplace", "flag", "weight", "longer", "grow"])
 def test_a_step_that_departs_is_captured_as_a_capture_of_its_own(mode, holding):
     torch.manual_seed(0)
     xs = [torch.randn(2, 4) for _ in range(5)]
@@ -355,3 +357,33 @@ def test_a_call_returning_a_tensor_it_was_given_is_part_of_the_flow():
         assert facts(run[i]) == facts(tl.trace(model, x, save=None)), i
     assert run[3]["relu_1"].parents == ["t_1"] and run[4]["relu_1"].parents == ["contiguous_1"]
     assert [run.shared(i) for i in range(6)] == [0, 0, 0, 3, 0, 0]
+
+
+class Dense(nn.Module):
+    """A DenseNet block's pattern: each layer reads the list of the features so far, and the
+    list grows after the call read it (at the end, with a tensor made before those calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4 * (k + 1), 4) for k in range(3))
+
+    def forward(self, x):
+        early = torch.tanh(x)
+        features = [x]
+        for layer in self.layers:
+            features.append(torch.relu(layer(torch.cat(features, -1))))
+        features.append(early)
+        return torch.cat(features, -1)
+
+
+def test_a_list_a_call_read_is_read_as_the_call_saw_it(holding):
+    torch.manual_seed(0)
+    model, xs = Dense().eval(), torch.randn(4, 2, 4)
+    with tl.steps(model, save=None) as run:
+        for x in xs:
+            model(x)
+    assert run.structures == 1
+    for i, x in enumerate(xs):
+        assert facts(run[i]) == facts(tl.trace(model, x, save=None)), i
+    assert run[3]["cat_1"].parents == ["input_1"]
+    assert run[3]["cat_2"].parents == ["input_1", "relu_1"]

@@ -21,7 +21,7 @@ from weakref import ref as _ref
 
 import torch
 
-from ..capture.cow import storage_key, written_by
+from ..capture.cow import _writers, storage_key, written_by
 from ..capture.flops import FORMULAS, WEIGHT_ARG, shapes
 from ..capture.naming import NAMES as _names
 from ..capture.naming import func_name
@@ -63,6 +63,7 @@ _EDGES = itemgetter(R_PARENTS, R_PARAMS, R_BUFFERS, R_DTYPE)  # what an op must 
 HOLD_BYTES = 64 << 20
 _SEQUENCE_TYPES = frozenset({tuple, list})  # what the recorder looks into for tensors
 _CONTAINERS = frozenset({tuple, list, dict})
+_UNKNOWN = object()  # a callable ``cow`` has not seen: whether it writes is not known yet
 # of a held op: (function, args, kwargs, output, outputs, entry, time)
 _FUNC, _ARGS, _KWARGS, _MAIN, _OUTS, _, _ELAPSED = (itemgetter(k) for k in range(7))
 _CALL = itemgetter(0, 1)  # of a module frame: (address, pass)
@@ -113,6 +114,17 @@ def _flow(held: list, mains: list, base: dict, start: int) -> tuple | None:
     return (list(map(len, argss)), list(map(bool, kwargss)), list(chain.from_iterable(keyed)),
             list(map(len, keyed)), signs, list(map(len, seqs)), item_signs,
             list(map(get, out_ids)), [get(key) for key, _ in extra])
+
+
+def _as_called(value: Any) -> Any:
+    """``value`` with its lists copied (to the depth the recorder looks for tensors in): what
+    a call was given, kept past later appends to a list it read (a DenseNet's features)."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return kind(map(_as_called, value))
+    if kind is dict:
+        return {key: _as_called(item) for key, item in value.items()}
+    return value
 
 
 def followable(records: list) -> bool:
@@ -181,8 +193,10 @@ class Follower(Recorder):
         held = self.held
         if held is None:
             return self._follow_now(func, types, args, kwargs)
-        if kwargs and "out" in kwargs and written_by(func, args, kwargs):
-            self.depart()  # a call that writes: recorded from before it runs
+        if (_writers.get(func, _UNKNOWN) is not None or kwargs and "out" in kwargs) and \
+                written_by(func, args, kwargs or _EMPTY):
+            # a call that writes: recorded from before it runs, the held ops checked before it
+            self.depart()
             return Recorder.__torch_function__(self, func, types, args, kwargs)
         t0 = perf_counter_ns()
         try:
@@ -205,8 +219,10 @@ class Follower(Recorder):
                 return self._replay(func, types, args, kwargs, out, elapsed)
         if is_wrapped(main):  # inside a functorch transform: the recorder's own business
             return self._replay(func, types, args, kwargs, out, elapsed)
-        if main is (args[0] if args else None) and written_by(func, args, kwargs or _EMPTY):
-            return self._replay(func, types, args, kwargs, out, elapsed, inplace=True)
+        if list in map(type, args):  # a list the forward may add to later: as the call saw it
+            args = _as_called(args)
+        if kwargs and list in map(type, kwargs.values()):
+            kwargs = _as_called(kwargs)
         records = s.records
         index = len(records)
         records.append(s.frames[-1])  # the graph's record stands for it, checked when it ends
