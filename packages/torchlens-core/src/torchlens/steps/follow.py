@@ -1,9 +1,13 @@
 """A step's recorder when an earlier step's graph is there to follow (every decoding step
-after the first): each call is checked against the op the graph has at that place (function,
-module call, inputs, parameters, dtype), and a call that agrees keeps only its time and, where
-they differ, its costs (a KV cache grows every step). The first call that departs from the
-graph turns the step into a full capture from there on: the ops followed so far become full
-records, and that call is recorded as the recorder records any.
+after the first). Each op is checked against the op the graph has at its place (function,
+module call, inputs, parameters, dtype), and an op that agrees keeps only its time and, where
+they differ, its costs (a KV cache grows every step). The first op that departs from the
+graph turns the step into a full capture from there on: the ops before it keep the graph's
+records, and it and the rest get the records the recorder makes.
+
+The check runs after the forward, over what each op was given and returned (held until the
+step ends: ``Follower``), and, once a step was checked op by op, by the flow of the tensors
+alone (``_flow``); a graph too large to hold is checked as each op runs.
 
 Following is for metadata-only steps (``save=None``, no edits) whose graph wrote nothing in
 place; anything else is captured by ``Recorder`` itself.
@@ -58,8 +62,8 @@ costs = itemgetter(R_SHAPE, R_OUT_SHAPES, R_NBYTES, R_FLOPS)
 # what an input or output record must agree on with its graph's: kind, slot and producer
 _END = itemgetter(R_FUNC, R_PARENTS, R_DTYPE, R_KIND, R_SLOT)
 _EDGES = itemgetter(R_PARENTS, R_PARAMS, R_BUFFERS, R_DTYPE)  # what an op must agree on
-# a followed step holds its ops' tensors until it ends (checked then, at a third of the cost)
-# while they came to at most this many bytes in the step before; above, it checks each as it runs
+# a followed step holds its ops' tensors until it ends (and checks them then, together) while
+# they came to at most this many bytes in the step before; above, it checks each op as it runs
 HOLD_BYTES = 64 << 20
 _SEQUENCE_TYPES = frozenset({tuple, list})  # what the recorder looks into for tensors
 _CONTAINERS = frozenset({tuple, list, dict})
@@ -76,7 +80,7 @@ def _bytes(record: tuple) -> int:
     return record[R_NBYTES] or prod(record[R_SHAPE]) * record[R_DTYPE].itemsize
 
 
-def made(records: list) -> int:
+def graph_bytes(records: list) -> int:
     """The bytes a graph's ops made (what a step following it holds until it ends)."""
     return sum(_bytes(r) for r in records if r[R_KIND] == "op")
 
@@ -92,15 +96,15 @@ def _flow(held: list, mains: list, base: dict, start: int) -> tuple | None:
     kwargss = list(map(_KWARGS, held))
     keyed = list(compress(kwargss, kwargss))  # the keywords of the calls given any
     out_ids = list(map(id, mains))
-    made = dict(zip(reversed(out_ids), range(start + len(held) - 1, start - 1, -1)))
+    first = dict(zip(reversed(out_ids), range(start + len(held) - 1, start - 1, -1)))
     outss = list(map(_OUTS, held))
     extra = [(id(t), i) for i, outs in compress(zip(count(start), outss), outss)
              for t in outs[1:]]
     for key, i in extra:
-        if made.setdefault(key, i) > i:
-            made[key] = i
-    made.update(base)  # a parameter, buffer or input is what it is wherever an op returns it
-    get = made.get
+        if first.setdefault(key, i) > i:
+            first[key] = i
+    first.update(base)  # a parameter, buffer or input is what it is wherever an op returns it
+    get = first.get
     everything = list(chain.from_iterable(argss))
     everything += chain.from_iterable(map(dict.values, keyed))
     kinds = list(map(type, everything))
@@ -164,9 +168,10 @@ class Follower(Recorder):
     """Records a step by following ``template`` (the records of a graph an earlier step had).
 
     ``hold``: each op only keeps what it was called with and returned, until the step ends,
-    and the ops are checked against the graph then, together (between two ops, where the
-    CPU's caches are cold, every check costs several times what it costs in one loop after the
-    forward); without it each op is checked as it runs, and nothing is held (``HOLD_BYTES``).
+    and the ops are checked against the graph then, together (a check between two ops, where
+    the CPU's caches are cold, costs about twice what it costs in one loop after the forward,
+    and a step whose tensors flowed as an earlier one's needs no check per op at all); without
+    it each op is checked as it runs, and nothing is held (``HOLD_BYTES``).
     ``known``: what the followers of this graph found so far (``_settle``); ``made``: the
     bytes the graph's ops made."""
 
@@ -226,13 +231,13 @@ class Follower(Recorder):
         records = s.records
         index = len(records)
         records.append(s.frames[-1])  # the graph's record stands for it, checked when it ends
-        tensors = s.tensors
+        tensors = s.tensors  # (versions are read if the step departs: nothing writes before)
         if outs is None:
-            entry = tensors[id(main)] = (index, _ref(main), main._version, 0)
+            entry = tensors[id(main)] = (index, _ref(main), 0, 0)
         else:
             entry = []
             for position, t in enumerate(outs):
-                entry.append((t, (index, _ref(t), t._version, position)))
+                entry.append((t, (index, _ref(t), 0, position)))
                 tensors[id(t)] = entry[-1][1]
         held.append((func, args, kwargs, main, outs, entry, elapsed))
         return out
@@ -330,9 +335,9 @@ class Follower(Recorder):
                     if entry[0] not in parents:
                         parents.append(entry[0])
                 elif p is None and key not in buffer_ids:
-                    made = s.unseen(t)
-                    if made is not None and made not in parents:
-                        parents.append(made)
+                    found = s.unseen(t)
+                    if found is not None and found not in parents:
+                        parents.append(found)
             else:
                 break
         if len(parents) == 1:
@@ -476,8 +481,14 @@ class Follower(Recorder):
         if self.departed:
             return
         self.departed = True
+        held = self.held
         self._settle()
         self.following = False
+        if held:  # the held ops' outputs with their versions, for the recorder from here on
+            tensors = self.state.tensors
+            for index, (_, _, _, main, outs, _, _) in enumerate(held, self.start):
+                for position, t in enumerate(outs or (main,)):
+                    tensors[id(t)] = (index, _ref(t), t._version, position)
         records, template, start = self.state.records, self.template, self.start
         for index in range(start, len(records)):
             frame = records[index]

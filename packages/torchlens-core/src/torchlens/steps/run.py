@@ -20,7 +20,7 @@ import torch
 
 from ..capture.engine import raw_records, record_costs
 from ..trace import Trace
-from .follow import HOLD_BYTES, costs, followable, made
+from .follow import HOLD_BYTES, costs, followable, graph_bytes
 
 _KEY = itemgetter(0, 3, 4, 6, 10, 11, 15)  # function, params, buffers, dtype, in place, view, kind
 _FRAME = itemgetter(1)
@@ -96,7 +96,9 @@ class StepRun:
             ok = self._followable[first] = followable(records)
         if not ok:
             return None
-        base, last = self._made.get(first) or self._made.setdefault(first, (made(records),) * 2)
+        if first not in self._made:
+            self._made[first] = (graph_bytes(records),) * 2
+        base, last = self._made[first]
         return first, records, last <= HOLD_BYTES, self._known.setdefault(first, {}), base
 
     def add_followed(self, index: int, first: int, kept: Any) -> None:
