@@ -25,7 +25,7 @@ from weakref import ref as _ref
 
 import torch
 
-from ..capture.cow import _writers, storage_key, written_by
+from ..capture.cow import _writers, written_by
 from ..capture.flops import FORMULAS, WEIGHT_ARG, shapes
 from ..capture.naming import NAMES as _names
 from ..capture.naming import func_name
@@ -48,7 +48,6 @@ from ..capture.recorder import (
     R_SHAPE,
     R_SLOT,
     R_TIME,
-    R_VIEW,
     Recorder,
     _inputs,
     tensor_outputs,
@@ -195,12 +194,11 @@ class Follower(Recorder):
         s = self.state
         if func in _PASSTHROUGH or s.suspended:
             return func(*args, **kwargs) if kwargs else func(*args)
-        held = self.held
-        if held is None:
-            return self._follow_now(func, types, args, kwargs)
+        if not self.following:
+            return Recorder.__torch_function__(self, func, types, args, kwargs)
         if (_writers.get(func, _UNKNOWN) is not None or kwargs and "out" in kwargs) and \
                 written_by(func, args, kwargs or _EMPTY):
-            # a call that writes: recorded from before it runs, the held ops checked before it
+            # a call that writes: recorded from before it runs, the ops before it checked first
             self.depart()
             return Recorder.__torch_function__(self, func, types, args, kwargs)
         t0 = perf_counter_ns()
@@ -230,71 +228,27 @@ class Follower(Recorder):
             kwargs = _as_called(kwargs)
         records = s.records
         index = len(records)
-        records.append(s.frames[-1])  # the graph's record stands for it, checked when it ends
-        tensors = s.tensors  # (versions are read if the step departs: nothing writes before)
+        records.append(s.frames[-1])  # the graph's record stands for it, once checked
+        held = self.held
+        tensors = s.tensors
+        # a held op's version is read if the step departs (nothing writes while it follows)
         if outs is None:
-            entry = tensors[id(main)] = (index, _ref(main), 0, 0)
+            entry = tensors[id(main)] = (index, _ref(main), 0 if held is not None else
+                                         main._version, 0)
         else:
             entry = []
             for position, t in enumerate(outs):
-                entry.append((t, (index, _ref(t), 0, position)))
+                entry.append((t, (index, _ref(t), 0 if held is not None else t._version,
+                                  position)))
                 tensors[id(t)] = entry[-1][1]
-        held.append((func, args, kwargs, main, outs, entry, elapsed))
-        return out
-
-    def _follow_now(self, func, types, args, kwargs):
-        """A call checked against the graph as it runs (a step that holds nothing), or
-        recorded by the recorder (a step that departed)."""
+        if held is not None:
+            held.append((func, args, kwargs, main, outs, entry, elapsed))
+            return out
+        self.times.append(elapsed)  # checked now (it holds nothing)
+        self._check_each([(func, args, kwargs, main, outs, entry, elapsed)],
+                         [_names.get(func) or func_name(func)], index)
         if not self.following:
-            return Recorder.__torch_function__(self, func, types, args, kwargs)
-        s = self.state
-        records = s.records
-        index = len(records)
-        name = _names.get(func) or func_name(func)
-        frame = s.frames[-1]
-        want = self.template[index] if index < len(self.template) else None
-        same = want is not None and want[0] == name and want[1][0] == frame[0] and \
-            want[1][1] == frame[1]
-        if (not same or kwargs and "out" in kwargs) and written_by(func, args, kwargs or _EMPTY):
             self.depart()
-            return Recorder.__torch_function__(self, func, types, args, kwargs)
-        t0 = perf_counter_ns()
-        try:
-            out = func(*args, **kwargs) if kwargs else func(*args)
-        except BaseException as exc:
-            self.depart()
-            self._note_failure(func, args, kwargs, exc)
-            raise
-        elapsed = perf_counter_ns() - t0
-        if type(out) is Tensor:
-            main, outs = out, None
-        else:
-            outs = tensor_outputs(func, args[0] if args else None, out)
-            if outs is None:
-                return out
-            main = outs[0]
-            if len(outs) == 1:
-                outs = None
-            if main.is_nested:
-                same = False
-        if not same or is_wrapped(main):
-            return self._replay(func, types, args, kwargs, out, elapsed)
-        if main is (args[0] if args else None) and written_by(func, args, kwargs or _EMPTY):
-            return self._replay(func, types, args, kwargs, out, elapsed, inplace=True)
-        rec = self._own(s.tensors, name, frame, args, kwargs, main, outs, elapsed)
-        if _EDGES(rec) != _EDGES(want):
-            return self._replay(func, types, args, kwargs, out, elapsed)
-        if costs(rec) != costs(want):
-            records.append(rec)
-            self.changed.append(index)
-        else:
-            records.append(frame)
-        self.times.append(elapsed)
-        if outs is None:
-            s.tensors[id(main)] = (index, _ref(main), main._version, 0)
-        else:
-            for position, t in enumerate(outs):
-                s.tensors[id(t)] = (index, _ref(t), t._version, position)
         return out
 
     def _own(self, tensors: dict, name: str, frame: list, args: tuple, kwargs: dict | None,
@@ -404,7 +358,7 @@ class Follower(Recorder):
             self._costs_of(held, names, sorted({*moved, *(
                 i for i in known["costly"] if start <= i < end)}))
         else:
-            self._check_each(held, names)
+            self.held_bytes = self.made + self._check_each(held, names, start)
             self.flow = flow  # the step's, checked in full: the next steps' proof, if it ends well
 
     def _costs_of(self, held: list, names: list[str], which: list[int]) -> None:
@@ -426,11 +380,12 @@ class Follower(Recorder):
                 delta += _bytes(rec) - _bytes(want)
         self.held_bytes = self.made + delta
 
-    def _check_each(self, held: list, names: list[str]) -> None:
-        """Each held op checked in full against the graph, in the order they ran."""
-        s, template, start = self.state, self.template, self.start
+    def _check_each(self, held: list, names: list[str], index: int) -> int:
+        """Each op of ``held`` (the first at record ``index``) checked in full against the
+        graph, in the order they ran: the bytes its records add to the graph's."""
+        s, template = self.state, self.template
         records, entries, changed = s.records, self.entries, self.changed
-        index, agreed, delta = start, True, 0
+        agreed, delta = self.following, 0
         for (_, args, kwargs, main, outs, entry, elapsed), name in zip(held, names):
             frame = records[index]
             rec = self._own(entries, name, frame, args, kwargs, main, outs, elapsed)
@@ -451,15 +406,14 @@ class Follower(Recorder):
             else:
                 entries.update((id(t), e) for t, e in entry)
             index += 1
-        self.held_bytes = self.made + delta
+        return delta
 
-    def _replay(self, func, types, args, kwargs, out, elapsed, inplace=False):
-        """The call departs from the graph after it ran: record it as the recorder would (its
-        time, and a write in place, which the recorder tells by the version before the call)."""
+    def _replay(self, func, types, args, kwargs, out, elapsed):
+        """A call the recorder must record itself, after it ran (a nested tensor, a transform's
+        wrapper): the step departs, and the call is recorded as any (with its time)."""
         self.depart()
         ran = _Ran(out, _names.get(func) or func_name(func))
-        s = self.state
-        records = s.records
+        records = self.state.records
         index = len(records)
         try:
             Recorder.__torch_function__(self, ran, types, args, kwargs)
@@ -467,13 +421,7 @@ class Follower(Recorder):
             _names.pop(ran, None)
         if len(records) > index:
             rec = records[index]
-            rec = rec[:R_TIME] + (elapsed,) + rec[R_TIME + 1:]
-            if inplace:
-                rec = rec[:R_INPLACE] + (True, False) + rec[R_VIEW + 1:]
-                first = args[0]
-                s.writes.setdefault(storage_key(first), []).append(
-                    (index, first.storage_offset(), tuple(first.shape), first.stride()))
-            records[index] = rec
+            records[index] = rec[:R_TIME] + (elapsed,) + rec[R_TIME + 1:]
         return out
 
     def depart(self) -> None:
