@@ -40,12 +40,16 @@ def test_greedy_generation_is_lm_generates_and_each_step_what_hooks_see(lm, gpt2
     assert "forward" not in lm.__dict__
 
 
-def test_metadata_only_decoding_steps_follow_and_equal_full_captures(lm, monkeypatch):
+@pytest.mark.parametrize("holding", ["held", "checked as they run"])
+def test_metadata_only_decoding_steps_follow_and_equal_full_captures(lm, monkeypatch, holding):
     """Every decoding step after the first follows the one before, and each step's Trace is
-    what recording that step in full gives (the graph, shapes, FLOPs, module calls)."""
+    what recording that step in full gives (the graph, shapes, FLOPs, module calls): whether
+    the steps hold their ops to the end or check each as it runs (a graph above HOLD_BYTES)."""
     from tests.core.test_steps_follow import facts
     from torchlens.steps.run import StepRun
 
+    if holding != "held":
+        monkeypatch.setattr(sys.modules["torchlens.steps.run"], "HOLD_BYTES", 0)
     followed = []
     add = StepRun.add_followed
     monkeypatch.setattr(StepRun, "add_followed", lambda run, i, first, kept: (
@@ -58,6 +62,30 @@ def test_metadata_only_decoding_steps_follow_and_equal_full_captures(lm, monkeyp
     for i in range(6):
         assert facts(run[i]) == facts(full[i]), i
     assert run[5]["cat_1"].shape != run[2]["cat_1"].shape  # the KV cache grew: own shapes
+
+
+def test_a_llamas_followed_steps_equal_full_captures(monkeypatch):
+    """The same on a Llama (grouped-query attention, rotary embeddings) built from a config."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.core.test_steps_follow import facts
+    from torchlens.steps.run import StepRun
+
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=500)).eval()
+    ids = torch.randint(0, 500, (1, 7), generator=torch.Generator().manual_seed(0))
+    options = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    run = tl.generate(lm, ids, save=None, **options)
+    monkeypatch.setattr(StepRun, "follow", lambda run: None)
+    full = tl.generate(lm, ids, save=None, **options)
+    with torch.no_grad():
+        plain = lm.generate(ids, **options)[0, 7:].tolist()
+    assert run.tokens == full.tokens == plain and run.structures == 2
+    assert all(run.shared(i) == 1 for i in range(2, 8))
+    for i in range(8):
+        assert facts(run[i]) == facts(full[i]), i
 
 
 def test_at_steps_captures_only_those_and_the_tokens_stay_the_same(lm, gpt2):
