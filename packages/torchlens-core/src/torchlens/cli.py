@@ -13,11 +13,9 @@ import os
 import sys
 from typing import Any
 
+from .errors import TargetError
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_TARGET = 0, 1, 2, 3, 4
-
-
-class TargetError(Exception):
-    """The model target could not be imported or built."""
 
 
 def parse_shapes(values: list[str] | None) -> Any:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import warnings
 
+from .units import human
+
 # The catalogue: every code TorchLens raises or warns with, one line of meaning each.
 CODES: dict[str, str] = {
     # input ladder
@@ -152,6 +154,70 @@ class TraceFileError(TorchLensError, ValueError):
 
 class StateError(TorchLensError, RuntimeError):
     """The model's state is not what a surface's policy promises."""
+
+
+class EditError(TorchLensError, ValueError):
+    """An edit that cannot apply where it fired, or that never fired."""
+
+
+class RecordingError(TorchLensError, RuntimeError):
+    """A recording store cannot be written or read as asked."""
+
+
+class RendererError(TorchLensError, RuntimeError):
+    """No renderer fits, or a renderer failed to produce its output."""
+
+
+class DrawingTooLarge(TorchLensError, RuntimeError):
+    """A static drawing is larger than a layout program lays out in a few seconds."""
+
+    code = "drawing_too_large"
+
+
+class DrawOptionError(TorchLensError, TypeError, ValueError):
+    """A keyword given to a drawing surface is unknown or has a value it cannot take."""
+
+    code = "draw_option_invalid"
+
+
+class StepError(TorchLensError, RuntimeError):
+    """A step run that cannot start, or that ended without a step it was asked for."""
+
+
+class GradError(TorchLensError, RuntimeError):
+    """A gradient that cannot be computed or read as asked."""
+
+
+GRADS_TEACH = 'trace = tl.trace(model, x, save_grads="all")  # then trace.backward(target)'
+
+
+def grads_unavailable(why: str, teach: list[str] | None = None) -> GradError:
+    """The refusal of a gradient read where none can be had (``grads_unavailable``)."""
+    return GradError(f"gradients are not available: {why}", code="grads_unavailable",
+                     teach=teach or [GRADS_TEACH])
+
+
+class TargetError(Exception):
+    """The model target could not be imported or built."""
+
+
+class SiteUnknown(Exception):
+    """A site string names nothing in this model; ``close`` holds the nearest names."""
+
+    def __init__(self, text: str, close: list[str]):
+        super().__init__(text)
+        self.text, self.close = text, close
+
+
+class OverBudget(RuntimeError):
+    """A probe would need more memory or FLOPs than its budget (raised before allocating)."""
+
+    def __init__(self, what: str, needed: float, limit: float, at: str):
+        self.what, self.needed, self.limit, self.at = what, needed, limit, at
+        unit = "bytes" if what == "memory" else "FLOPs"
+        super().__init__(f"needs more than its {what} budget: at least "
+                         f"{human(needed, digits=1)} {unit} (at {at}) > "
+                         f"{human(limit, digits=1)} {unit}")
 
 
 def add_note(exc: BaseException, note: str) -> None:

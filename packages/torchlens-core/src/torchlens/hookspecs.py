@@ -61,5 +61,12 @@ def torchlens_renderers():
 
 
 @hookspec(firstresult=True)
+def torchlens_generate():
+    """The function behind ``tl.generate``: ``fn(model, prompt, /, **options) -> StepRun``, a
+    model's own generation loop run as one step capture (torchlens-hf: a Hugging Face model's
+    ``generate``), or None."""
+
+
+@hookspec(firstresult=True)
 def torchlens_decode_output(trace, k):
     """Output semantics for a gold trace: a DecodedOutput, or None when this plugin has none."""

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .errors import InputError
+from .errors import InputError, SiteUnknown
 
 # what an op label looks like: a function name, its number, an optional pass
 LABEL = re.compile(r"(?P<base>[A-Za-z_][A-Za-z0-9_]*?_\d+)(?::(?P<pass>\d+))?")
@@ -36,12 +36,28 @@ class Site:
         return name == self.name and (self.pass_num is None or self.pass_num == pass_num)
 
 
-class SiteUnknown(Exception):
-    """A site string names nothing in this model; ``close`` holds the nearest names."""
+def split_pass(key: str) -> tuple[str, int | None]:
+    """A key as (name, pass): ``"layer1.0:2"`` -> ``("layer1.0", 2)``, ``"linear_3:2"`` ->
+    ``("linear_3", 2)``; a key without a numeric pass suffix -> ``(key, None)``."""
+    name, sep, pass_text = key.rpartition(":")
+    if sep and pass_text.isdigit():
+        return name, int(pass_text)
+    return key, None
 
-    def __init__(self, text: str, close: list[str]):
-        super().__init__(text)
-        self.text, self.close = text, close
+
+def name_of(key: str) -> str:
+    """A key without its pass: the base label of an op label, the address of a module call."""
+    return split_pass(key)[0]
+
+
+def function_of(label: str) -> str:
+    """The function an op label counts calls of: ``linear_3:2`` -> ``linear``."""
+    return name_of(label).rpartition("_")[0]
+
+
+def call_key(address: str, pass_num: int) -> str:
+    """A module call's key: ``layer1.0:2`` (every call has its pass, the first too)."""
+    return f"{address}:{pass_num}"
 
 
 def parse_site(text: str, addresses: Iterable[str]) -> list[Site]:
@@ -57,9 +73,9 @@ def parse_site(text: str, addresses: Iterable[str]) -> list[Site]:
         return [Site(text, "module", a) for a in matched]
     if text in known_set:
         return [Site(text, "module", text)]
-    address, _, pass_text = text.rpartition(":")
-    if address in known_set and pass_text.isdigit() and int(pass_text) >= 1:
-        return [Site(text, "module", address, int(pass_text))]
+    address, pass_num = split_pass(text)
+    if address in known_set and pass_num is not None and pass_num >= 1:
+        return [Site(text, "module", address, pass_num)]
     label = LABEL.fullmatch(text)
     if label is not None and (label["pass"] is None or int(label["pass"]) >= 1):
         return [Site(text, "op", label["base"], int(label["pass"]) if label["pass"] else None)]

@@ -7,6 +7,7 @@ import html
 from typing import Any
 
 from .errors import TorchLensError
+from .sites import name_of
 from .trace import Trace
 from .units import human
 
@@ -111,7 +112,7 @@ class Summary:
             row["grad_norm"] = None
             if row.get("op") or row["time_ms"] is None:
                 continue
-            address = row["layer"].rpartition(":")[0] if ":" in row["layer"] else row["layer"]
+            address = name_of(row["layer"])
             found = self.grads.modules.get(address)
             if found is None or len(found.calls) < row["pass_num"]:
                 continue

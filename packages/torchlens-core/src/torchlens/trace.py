@@ -11,8 +11,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .capabilities import lookup
 from .collector import paused
-from .errors import LookupFailed, TorchLensError
+from .edit_log import EditLog
+from .errors import LookupFailed, TorchLensError, grads_unavailable
+from .sites import split_pass
+
+NO_GRAD = object()  # an op's gradient when none of its outputs needs one
 
 SCHEMA_VERSION = 1
 OP_KINDS = ("input", "op", "output")
@@ -88,18 +93,16 @@ class Op:
     def grad(self) -> Any:
         """The gradient of ``trace.backward``'s target with respect to this op's output, as the
         op made it (a tuple for an op of several outputs); same shape as the output."""
-        from .grads.backward import NO_GRAD, unavailable
-
         if self._grad is None:
-            raise unavailable(
+            raise grads_unavailable(
                 f"op {self.label!r} has no gradient: it is not a site of save_grads=, or "
                 "trace.backward(target) has not run",
                 teach=[f"tl.trace(model, x, save_grads=[{self.label!r}])",
                        "trace.backward(target)"])
         if self._grad is NO_GRAD:
-            raise unavailable(f"op {self.label!r}'s output needs no gradient ({self.dtype}, or "
-                              "made from nothing that requires grad)",
-                              teach=["trace.grads  # the sites that have one"])
+            raise grads_unavailable(
+                f"op {self.label!r}'s output needs no gradient ({self.dtype}, or made from "
+                "nothing that requires grad)", teach=["trace.grads  # the sites that have one"])
         return self._grad
 
     def row(self) -> dict[str, Any]:
@@ -158,9 +161,7 @@ class ModuleCall:
             grad = self._by_label[label].grad
             values.append(grad[position] if isinstance(grad, tuple) else grad)
         if not values:
-            from .grads.backward import unavailable
-
-            raise unavailable(f"module call {self.label} returned no tensor made inside the "
+            raise grads_unavailable(f"module call {self.label} returned no tensor made inside the "
                               "capture")
         return values[0] if len(values) == 1 else tuple(values)
 
@@ -322,11 +323,11 @@ class Trace:
             return op
         if key in self.modules:
             return self.modules[key]
-        address, _, pass_text = key.rpartition(":")
-        if address in self.modules and pass_text.isdigit():
+        address, pass_num = split_pass(key)
+        if address in self.modules and pass_num is not None:
             calls = self.modules[address].calls
-            if 1 <= int(pass_text) <= len(calls):
-                return calls[int(pass_text) - 1]
+            if 1 <= pass_num <= len(calls):
+                return calls[pass_num - 1]
         raise LookupFailed(
             f"no op label, pass label, index or module address matches {key!r}",
             code="key_not_found",
@@ -384,8 +385,6 @@ class Trace:
     def edits(self):
         """The proof of firing: one row per site and pass where an edit applied (label,
         module, shape, index, norm of the change); empty for an unedited trace."""
-        from .edits.log import EditLog
-
         record = self.meta.get("edits") or {"specs": [], "fired": []}
         grads = self.meta.get("grad_edits") or {"specs": [], "fired": []}
         record = {"specs": record["specs"] + grads["specs"],
@@ -468,25 +467,19 @@ class Trace:
         of ``save_grads=``, with ``grad_edits=`` applied on the way; then ``trace[site].grad``.
         The model's ``.grad`` fields are left alone unless ``param_grads=True``; a second
         backward needs ``retain_graph=True`` on the first. Returns ``trace.grads``."""
-        from .grads import run_backward
-
-        return run_backward(self, target, retain_graph=retain_graph, param_grads=param_grads)
+        return lookup("backward")(self, target, retain_graph=retain_graph, param_grads=param_grads)
 
     @property
     def grads(self):
         """The gradients ``trace.backward`` computed: label, module, shape, norm, max abs."""
-        from .grads import GradTable
-
-        return GradTable.of(self)
+        return lookup("grads")(self)
 
     def push(self, edits: Any, *, allow_unfired: bool = False) -> Trace:
         """A new trace with ``edits`` applied, recomputing only the ops downstream of them from
         the recorded calls (no ``forward``). Needs ``tl.trace(model, x, save="all",
         intervention_ready=True)``; refuses ``push_unsafe`` where the graph itself could
         change (a downstream value decided Python control flow, or a value-dependent shape)."""
-        from .edits.push import push
-
-        return push(self, edits, allow_unfired=allow_unfired)
+        return lookup("push")(self, edits, allow_unfired=allow_unfired)
 
     def decode_output(self, k: int = 5, labels: Any = None):
         """The output's meaning (next token, class label) for a gold trace; refuses otherwise."""
@@ -517,17 +510,13 @@ class Trace:
         the forward op it belongs to. Every dial is documented on ``torchlens.viz.draw_trace``;
         an unknown keyword refuses typed.
         """
-        from .viz import draw_trace
-
         if backward:
-            from .grads.graph import backward_trace
-
-            return backward_trace(self).draw(
+            return lookup("backward_trace")(self).draw(
                 collapse=collapse, module=module, depth=depth, theme=theme, direction=direction,
                 file_format=file_format, path=path, open_viewer=open_viewer, renderer=renderer,
                 roll_recurrent=roll_recurrent, fold=fold, node_budget=node_budget,
                 max_nodes=max_nodes, color=color, overlay=overlay, **unknown)
-        return draw_trace(self, collapse=collapse, module=module, depth=depth, theme=theme,
+        return lookup("draw")(self, collapse=collapse, module=module, depth=depth, theme=theme,
                           direction=direction, file_format=file_format, path=path,
                           open_viewer=open_viewer, renderer=renderer,
                           roll_recurrent=roll_recurrent, fold=fold, node_budget=node_budget,

@@ -7,7 +7,6 @@ a parameter or a constant.
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,16 +19,10 @@ from .capture.boundaries import leaves as tensors_in
 from .capture.engine import capture
 from .capture.inference import outside_inference_mode
 from .capture.policy import pinned
-from .capture.transforms import Batched, call_batched, in_front
+from .capture.replay import RANDOM_FUNCS, autocast_of, fresh_first, op_refs, resolve_template
+from .capture.transforms import call_batched, in_front
 from .errors import InputError, TorchLensError
 from .ladder import ABSENT
-
-# Ops whose values are random or uninitialized by design: replay cannot reproduce them. Dropout
-# is not among them: validation runs pinned to eval, where it is the identity.
-RANDOM_FUNCS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "normal",
-                "normal_", "uniform_", "bernoulli", "bernoulli_", "multinomial", "randperm",
-                "rrelu", "empty", "empty_like", "exponential_", "geometric_", "cauchy_",
-                "log_normal_", "random_"}
 
 # calls whose result comes from the forward's own autograd graph (``torch.func.grad`` makes
 # one), or from forward-mode AD's dual numbers (``torch.func.jacfwd``'s): why each is not replayed
@@ -86,36 +79,6 @@ class ValidationReport:
                 f"skipped{tail})>")
 
 
-def _resolve(template: Any, trace, model: nn.Module, values: dict[int, Any]) -> Any:
-    if isinstance(template, tuple) and len(template) in (2, 3, 4) and isinstance(template[0],
-                                                                                 str):
-        kind = template[0]
-        if kind == "op":
-            value = values[template[1]]
-            value = value[template[2]] if isinstance(value, tuple) else value
-            return value.reshape(template[3]) if len(template) == 4 else value
-        if kind == "param":
-            return model.get_parameter(template[1])
-        if kind == "buffer":
-            return model.get_buffer(template[1])
-        if kind == "const":
-            return template[1]
-        if kind == "batched":  # inside torch.vmap: replayed under vmap (call_batched)
-            value = _resolve(template[1], trace, model, values)
-            return Batched(value if template[2] is None else value.permute(template[2]),
-                           template[3])
-    if isinstance(template, tuple) and len(template) == 6 and template[0] == "view":
-        # a view torch.vmap returned of a real tensor: rebuilt from its saved value
-        _, inner, back, size, stride, offset = template
-        real = _resolve(inner, trace, model, values).permute(back).contiguous()
-        return real.as_strided(size, stride, offset)
-    if isinstance(template, (tuple, list)):
-        return type(template)(_resolve(t, trace, model, values) for t in template)
-    if isinstance(template, dict):
-        return {k: _resolve(v, trace, model, values) for k, v in template.items()}
-    return template
-
-
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -136,14 +99,6 @@ def _unsparse(t: torch.Tensor) -> torch.Tensor:
     return t.to_dense() if t.layout in (torch.sparse_coo, torch.sparse_csr) else t
 
 
-def _autocast(casts: tuple | None) -> contextlib.AbstractContextManager:
-    """The autocast regions an op ran in (``(device type, dtype)`` each), entered again."""
-    stack = contextlib.ExitStack()
-    for device_type, dtype in casts or ():
-        stack.enter_context(torch.autocast(device_type, dtype=dtype))
-    return stack
-
-
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
     if a.shape != b.shape:
         return float("inf")
@@ -153,8 +108,8 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _capture(model, x, input_kwargs, input_shape, verb: str, grad: bool, options: dict):
+    from .capture.entry import checked_inventory, input_options, resolve_for
     from .capture.meta import refuse_values
-    from .verbs import _options, checked_inventory, resolve_for
 
     surface = f"validation.{verb}"  # teaches name tl.validation.validate_forward_pass(...)
     inv = checked_inventory(model, surface)
@@ -168,7 +123,7 @@ def _capture(model, x, input_kwargs, input_shape, verb: str, grad: bool, options
                    f"tl.validation.{verb}(model, input_shape=(1, 3, 224, 224))  # or its shape",
                    "tl.debug.guess_input_shape(model)  # to find a shape that runs"])
     res = resolve_for(model, x, input_kwargs=input_kwargs, input_shape=input_shape,
-                      surface=surface, options=_options(**options), probe=None, inv=inv)
+                      surface=surface, options=input_options(**options), probe=None, inv=inv)
     with pinned(model, surface, grad=grad, inv=res.inventory):
         result = capture(model, res.args, res.kwargs, save="all", replay=True,
                          inv=res.inventory)
@@ -199,11 +154,11 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *,
             if func in _GRAPH_FUNCS:
                 report.skip(op.label, _GRAPH_FUNCS[func])
                 continue
-            args = _resolve(args, trace, model, saved)
-            kwargs = _resolve(kwargs, trace, model, saved)
-            args = _fresh_first(op, args)
+            args = resolve_template(args, trace, model, saved)
+            kwargs = resolve_template(kwargs, trace, model, saved)
+            args = fresh_first(op, args)
             try:
-                with _autocast(casts.get(op.index)):
+                with autocast_of(casts.get(op.index)):
                     out = call_batched(func, args, kwargs)
             except RuntimeError as exc:
                 if op.index not in orders:
@@ -381,7 +336,7 @@ def _graph_grads(trace, calls, model, live, outputs
             continue
         leaves: dict[tuple[int, int], torch.Tensor] = {}
         parents: dict[int, Any] = {}
-        for i in _op_refs(args_t) | _op_refs(kwargs_t):
+        for i in op_refs(args_t) | op_refs(kwargs_t):
             values = _tensors(saved[i])
             made = []
             for pos, v in enumerate(values):
@@ -389,10 +344,10 @@ def _graph_grads(trace, calls, model, live, outputs
                 leaves[(i, pos)] = leaf
                 made.append(leaf)
             parents[i] = tuple(made) if isinstance(saved[i], tuple) else made[0]
-        with torch.enable_grad(), _autocast(casts.get(op.index)):
-            args = _resolve(args_t, trace, model, parents)
-            kwargs = _resolve(kwargs_t, trace, model, parents)
-            args = _fresh_first(op, args)
+        with torch.enable_grad(), autocast_of(casts.get(op.index)):
+            args = resolve_template(args_t, trace, model, parents)
+            kwargs = resolve_template(kwargs_t, trace, model, parents)
+            args = fresh_first(op, args)
             try:
                 out = call_batched(func, args, kwargs)
             except RuntimeError:
@@ -448,27 +403,3 @@ def _through_function(outs, wanted, made_by, live, grads) -> None:
     for key, g in zip(inputs, got):
         if g is not None:
             grads[key] = grads.get(key, 0) + _unsparse(g)
-
-
-def _fresh_first(op, args: tuple) -> tuple:
-    """An in-place op's arguments with a copy of what it writes, so saved values stay."""
-    if not op.inplace or not args:
-        return args
-    if isinstance(args[0], Batched):
-        return (Batched(args[0].value.clone(), args[0].levels), *args[1:])
-    if isinstance(args[0], torch.Tensor):
-        return (args[0].clone(), *args[1:])
-    return args
-
-
-def _op_refs(template: Any) -> set[int]:
-    if isinstance(template, tuple) and len(template) in (3, 4) and template[0] == "op":
-        return {template[1]}
-    if isinstance(template, tuple) and len(template) in (4, 6) and template[0] in ("batched",
-                                                                                  "view"):
-        return _op_refs(template[1])
-    if isinstance(template, (tuple, list)):
-        return set().union(*(_op_refs(t) for t in template)) if template else set()
-    if isinstance(template, dict):
-        return set().union(*(_op_refs(t) for t in template.values())) if template else set()
-    return set()

@@ -11,143 +11,30 @@ from typing import Any
 
 from torch import nn
 
-from .capture.boundaries import leaves
-from .capture.engine import capture, capturing, parse_save, saves_nothing
-from .capture.inference import ordinary, outside_inference_mode, refuse_inference_parameters
-from .capture.inventory import Inventory, inventory
-from .capture.meta import check_inputs, refuse_values
-from .capture.policy import pinned, state_fingerprints, state_hash, warm_up
-from .edits.plan import EditPlan
-from .errors import CaptureError, InputError, InputTypeError, StateError, warn
+from .capture.engine import capture, parse_save, saves_nothing
+from .capture.entry import (
+    LAZY_TEACH,
+    check_baseline,
+    checked_inventory,
+    input_options,
+    pinned_capture,
+    resolve_for,
+)
+from .capture.inference import outside_inference_mode
+from .capture.policy import pinned, state_fingerprints, state_hash
+from .edits.plan import EditPlan, plan_edits
+from .errors import InputTypeError, StateError, TorchLensError, warn
 from .grads.plan import needing_grad, plan_grads
-from .ladder import ABSENT, Resolution, forward_errors, resolve
+from .grads.targets import summed_output
+from .ladder import ABSENT, forward_errors
 from .ladder.budget import check_save_budget
+from .plugins import hook
 from .storage import load_trace
 from .summary import Summary
 from .trace import Trace
+from .viz import render_drawing, validate_options
 
-LAZY_TEACH = [
-    "with torch.no_grad(): model(x)  # materialize outside capture, then re-run the verb",
-]
 _bn_warned = False
-
-
-def checked_inventory(model: nn.Module, surface: str) -> Inventory:
-    """The model's inventory, after the refusals that come before looking inside it: not a
-    module, or a call from inside a forward being captured."""
-    if not isinstance(model, nn.Module):
-        raise InputTypeError(f"tl.{surface} takes a torch.nn.Module, got {type(model).__name__}",
-                             code="model_invalid", teach=[f"tl.{surface}(model, x)"])
-    if capturing():
-        raise CaptureError(
-            f"tl.{surface} was called from inside a forward that TorchLens is already capturing",
-            code="nested_trace",
-            teach=["call it outside the model's forward",
-                   "trace the outer model once and look up the inner module: trace['sub.module']"])
-    return inventory(model)
-
-
-def _check_entry(model: nn.Module, surface: str, rung3: bool, inv: Inventory | None = None
-                 ) -> Inventory:
-    """Refusals that need no forward: not a module, nested capture, TorchScript, pending lazy state.
-    Returns the model's inventory (``inv``: one the caller took with no forward since), for a
-    capture that follows with no forward in between."""
-    inv = inv or checked_inventory(model, surface)
-    if inv.scripted:
-        _refuse_scripted(inv.scripted, surface)
-    refuse_inference_parameters(model, inv.params, surface)
-    lazy = inv.pending_lazy()
-    buffers = [n for n, kind in lazy.items() if kind == "buffer"]
-    if buffers:
-        raise InputError(
-            f"{type(model).__name__} has un-materialized lazy buffers {buffers[:3]}; tl.{surface} "
-            "cannot use them before a first forward", code="lazy_uninitialized",
-            teach=LAZY_TEACH)
-    if rung3 and lazy:
-        raise InputError(
-            f"{type(model).__name__} has un-materialized lazy parameters {sorted(lazy)[:3]}: "
-            "a lazy module accepts any width, so a probe would install its guess in your model",
-            code="lazy_uninitialized",
-            teach=LAZY_TEACH + [f"tl.{surface}(model, x)  # or pass the real input now"])
-    return inv
-
-
-def _refuse_scripted(scripted: list[str], surface: str) -> None:
-    """TorchScript runs its ops in its own interpreter, where no torch function mode sees them:
-    a scripted model is refused, a scripted submodule is warned about."""
-    if scripted[0] == "":
-        raise InputTypeError(
-            f"tl.{surface} got a TorchScript module: its ops run in TorchScript's interpreter, "
-            "where TorchLens cannot see them", code="scripted_model",
-            teach=[f"tl.{surface}(model, x)  # the nn.Module you passed to torch.jit.script"])
-    warn("scripted_submodule",
-         f"the TorchScript submodules {scripted[:5]} run their ops where TorchLens cannot see "
-         "them: the trace shows each call without its ops, and what reads its outputs has no "
-         "edge back to it. Trace the nn.Module they were scripted from to see their ops",
-         stacklevel=None)
-
-
-def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str,
-                   warmup: bool = False, inv: Inventory | None = None,
-                   edits: EditPlan | None = None, templates: bool = False) -> Trace:
-    """One capture in eval + no-grad with state restored; the receipt rides on the trace.
-    ``warmup``: one uncaptured forward first, inside the same pinning, so one-time setup is not
-    timed as a layer's cost (disclosed in ``trace.meta["timing"]``). ``inv``: the model's
-    inventory when the caller took it with no forward since."""
-    inv = inv or inventory(model)
-    with pinned(model, surface, inv=inv) as box:
-        timing = warm_up(model, args, kwargs, inv) if warmup else None
-        if timing and timing.get("warmup_forwards"):
-            box["reset"]()  # the capture describes the call the caller would make next
-        result = capture(model, args, kwargs, save=save, inv=None if timing and timing.get(
-            "warmup_forwards") else inv, edits=edits, templates=templates)
-    result.receipt = box["receipt"]
-    result.meta["receipt"] = box["receipt"].as_dict()
-    if timing is not None:
-        result.meta["timing"] = timing
-    return result
-
-
-def resolve_for(model: nn.Module, value: Any, *, input_kwargs: dict | None, input_shape: Any,
-                surface: str, options: dict, probe=None, hints=None,
-                needs_values: str | None = None, inv: Inventory | None = None) -> Resolution:
-    """Entry checks, then the ladder: the shared first step of every surface.
-    ``needs_values``: what the surface will keep that a meta model cannot have; ``inv``: the
-    model's inventory when the caller took it (``checked_inventory``) with no forward since."""
-    rung3 = value is ABSENT and input_shape is None and not input_kwargs
-    inv = _check_entry(model, surface, rung3, inv)
-    if needs_values:
-        refuse_values(model, surface, needs_values, inv)
-    res = resolve(model, value, input_kwargs=input_kwargs, input_shape=input_shape,
-                  surface=surface, options=options, probe=probe, hints=hints)
-    check_inputs(model, res.args, res.kwargs, surface, inv)
-    if any(t.is_inference() for t in leaves((res.args, res.kwargs), [])):
-        res.args, res.kwargs = ordinary(res.args), ordinary(res.kwargs)
-    if res.verified is None:  # no probe ran a forward since the check
-        res.inventory = inv
-    return res
-
-
-def _options(tokenizer: Any, processor: Any, preprocess: Any, labels: Any = None) -> dict:
-    return {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess,
-            "labels": labels}
-
-
-def check_baseline(previous: Trace, model: nn.Module) -> None:
-    """An intervention-ready trace's model must still hold the bytes it had (``state_changed``
-    names what moved); a trace without a baseline has nothing to check."""
-    baseline = previous.meta.get("state_baseline")
-    if not baseline:
-        return
-    now = state_fingerprints(model)
-    changed = sorted(k for k in set(now) | set(baseline["tensors"])
-                     if now.get(k) != baseline["tensors"].get(k))
-    if changed:
-        raise StateError(
-            f"the model changed since this intervention-ready trace: {changed[:5]}"
-            + (f" and {len(changed) - 5} more" if len(changed) > 5 else ""),
-            code="state_changed",
-            teach=["tl.trace(model, x, intervention_ready=True)  # a new baseline"])
 
 
 @outside_inference_mode
@@ -200,7 +87,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
             "intervention_ready=True (a state baseline)"
     res = resolve_for(
         model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface="trace",
-        needs_values=needs_values, options=_options(tokenizer, processor, preprocess, labels),
+        needs_values=needs_values, options=input_options(tokenizer, processor, preprocess, labels),
         probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"), inv=inv)
     if grads is not None:  # a capture of its own, in the caller's grad mode
         args, kwargs = needing_grad(res.args, res.kwargs)
@@ -237,14 +124,6 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     if grads is not None:
         result.meta["options"]["save_grads"] = grads.texts
     return result
-
-
-def plan_edits(edits: Any, inv: Inventory, model: nn.Module, allow_unfired: bool,
-               surface: str) -> EditPlan | None:
-    """``edits=`` resolved before any forward runs (None: no edits, the unedited capture)."""
-    if edits is None:
-        return None
-    return EditPlan(edits, inv, model, allow_unfired=allow_unfired, surface=surface)
 
 
 def _note_edits(result: Trace, plan: EditPlan | None) -> None:
@@ -298,7 +177,7 @@ def summary(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | No
                                     "tl.summary(model, x, grads=lambda out: out[0].sum())"])
     result = pinned_trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
                           surface="summary",
-                          options=_options(tokenizer, processor, preprocess), warmup=True,
+                          options=input_options(tokenizer, processor, preprocess), warmup=True,
                           edits=edits, allow_unfired=allow_unfired)
     grad_trace = None
     if grads is not False:
@@ -314,8 +193,6 @@ def _summary_grads(model: nn.Module, input: Any, input_kwargs: dict | None, inpu
     """The forward and backward behind ``tl.summary(grads=...)``: every module call's output a
     gradient site, in eval mode with grad on, the state restored and verified as the table's."""
     import torch
-
-    from .grads.targets import summed_output
 
     inv = checked_inventory(model, "summary")
     addresses = [address for address, _ in inv.modules if address]
@@ -338,13 +215,11 @@ def draw(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None 
     """The one-call picture: ONE metadata-only capture pinned to eval + no-grad (state restored
     and verified, ``result.receipt``), rendered with ``collapse="auto"``. Returns a detached
     ``tl.viz.Drawing``; every other keyword passes through to ``Trace.draw``."""
-    from .viz import render_drawing, validate_options
-
     dials = dict(theme=theme, collapse=collapse, module=module, depth=depth, path=path,
                  file_format=file_format, open_viewer=open_viewer, **passthrough)
     validate_options(**dict(dials))  # refuse a bad dial before any forward runs
     result = pinned_trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
-                          surface="draw", options=_options(tokenizer, processor, preprocess),
+                          surface="draw", options=input_options(tokenizer, processor, preprocess),
                           edits=edits, allow_unfired=allow_unfired)
     return render_drawing(result, receipt=result.receipt, **dials)
 
@@ -357,6 +232,26 @@ def _warn_bn_train(mutated: list[str]) -> None:
              f"the model is in train mode, so this capture updated the running statistics of "
              f"{len(mutated)} BatchNorm layer(s) (e.g. {mutated[0]!r}), exactly as a plain "
              "forward would. Call model.eval() first to leave them untouched.", stacklevel=3)
+
+
+def generator(teach: list[str]) -> Any:
+    """The generation loop a plugin provides (``torchlens_generate``); refuses typed without
+    one, before anything runs."""
+    impl = hook().torchlens_generate()
+    if impl is None:
+        raise TorchLensError("tl.generate runs a model's own generation loop, which a plugin "
+                             "provides (torchlens-hf: a Hugging Face model's generate); none is "
+                             "installed", code="dependency_missing", teach=teach)
+    return impl
+
+
+def generate(lm: nn.Module, prompt: Any, /, **options: Any) -> Any:
+    """Generate from ``prompt`` with ``lm``'s own loop and capture every forward it makes as a
+    step (a ``StepRun``): ``max_new_tokens=``, ``save=``, ``edits=``, ``at_steps=``,
+    ``allow_unfired=``, ``tokenizer=`` and the loop's own keywords. The loop comes from a
+    plugin (torchlens-hf runs a Hugging Face model's ``generate``)."""
+    return generator(["pip install torchlens-hf",
+                      "with tl.steps(model) as run: ...  # any loop"])(lm, prompt, **options)
 
 
 def load(path: str | os.PathLike) -> Trace:

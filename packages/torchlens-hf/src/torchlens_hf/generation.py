@@ -18,8 +18,8 @@ def generate(lm: nn.Module, prompt: Any, /, *, max_new_tokens: int = 16, save: A
     """Generate from ``prompt`` (a string, or what the ladder resolves) and capture every
     forward ``generate`` makes as a step. The run has ``.text``, ``.tokens`` (the new ids),
     ``.output_ids`` (prompt and new), and per captured step the token it chose."""
+    from torchlens.capture.entry import checked_inventory, input_options, resolve_for
     from torchlens.errors import InputTypeError
-    from torchlens.verbs import _options, checked_inventory, resolve_for
 
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
             max_new_tokens < 1:
@@ -32,7 +32,7 @@ def generate(lm: nn.Module, prompt: Any, /, *, max_new_tokens: int = 16, save: A
                              teach=["with tl.steps(model) as run:  # your own loop"])
     inv = checked_inventory(lm, "generate")
     res = resolve_for(lm, prompt, input_kwargs=None, input_shape=None, surface="generate",
-                      options=_options(tokenizer, None, None), inv=inv)
+                      options=input_options(tokenizer, None, None), inv=inv)
     tok = res.objects.get("tokenizer") or tokenizer
     kwargs = dict(res.kwargs)
     ids = kwargs.get("input_ids", res.args[0] if res.args else None)

@@ -12,7 +12,7 @@ from torch import nn
 from torchlens import hookimpl
 from torchlens.types import DecodedOutput, InputSpec, ResolvedInput
 
-from . import decode, models, recipes, resolve
+from . import decode, generation, models, recipes, resolve
 
 
 @hookimpl
@@ -50,6 +50,12 @@ def torchlens_tied_parameters(model: nn.Module) -> dict[str, str] | None:
 def torchlens_decode_output(trace, k: int) -> DecodedOutput | None:
     """Next token, labels or mask fills for a gold trace of an HF model."""
     return decode.decode_output(trace, k)
+
+
+@hookimpl
+def torchlens_generate():
+    """``tl.generate``: a Hugging Face model's ``generate`` run as one step capture."""
+    return generation.generate
 
 
 @hookimpl

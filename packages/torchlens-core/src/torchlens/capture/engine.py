@@ -21,14 +21,15 @@ import torch
 from torch import nn
 from torch.nn.parameter import Parameter, is_lazy
 
-from .. import __version__ as _tl_version
 from ..collector import paused
+from ..compiled import eager
 from ..errors import InputError, InputTypeError, add_note, warn
+from ..sites import name_of, split_pass
 from ..sites import resolve as resolve_site
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
+from ..version import __version__ as _tl_version
 from .boundaries import fields_of, leaves
 from .boundaries import install as install_boundaries
-from .compiled import eager
 from .cow import Held, storage_key
 from .flops import flops_of, flops_of_weight
 from .inventory import Inventory, inventory
@@ -285,7 +286,7 @@ def _check_selection(records: list, labels: set[str]) -> None:
     if not labels:
         return
     known = {rec[R_LABEL] for rec in records}
-    known |= {label.partition(":")[0] for label in known}
+    known |= {name_of(label) for label in known}
     unknown = sorted(labels - known)
     if unknown:
         import difflib
@@ -529,8 +530,8 @@ def _objects(state, calls, module_classes, param_names, param_facts, buffer_fact
             if label is None:
                 label, base, pass_num = state.label_for(func, frame)
             else:
-                base, _, pass_num = label.partition(":")
-                pass_num = int(pass_num or 1)
+                base, pass_num = split_pass(label)
+                pass_num = pass_num or 1
         else:
             base, pass_num = label, 1
         labels.append(label)

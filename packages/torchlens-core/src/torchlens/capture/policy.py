@@ -31,8 +31,8 @@ from torch import nn
 from torch.nn import Parameter
 from torch.nn.parameter import is_lazy
 
+from ..compiled import eager
 from ..errors import StateError
-from .compiled import eager
 from .cow import storage_key
 from .inventory import Inventory, inventory, module_paths
 from .meta import is_meta

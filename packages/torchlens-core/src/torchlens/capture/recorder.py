@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..sites import function_of
 from .cow import SET_DATA, Held, may_write, storage_key, written_by
 from .flops import FORMULAS, WEIGHT_ARG, flops_of, shapes
 from .naming import NAMES as _names
@@ -612,7 +613,7 @@ class TemplateRecorder(Recorder):
 
 def label_names(labels: set[str]) -> set[str]:
     """The function names the op labels are made of (``linear_3:2`` -> ``linear``)."""
-    return {label.partition(":")[0].rpartition("_")[0] for label in labels}
+    return {function_of(label) for label in labels}
 
 
 class LightRecorder(Recorder):

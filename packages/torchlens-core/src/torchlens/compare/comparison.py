@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import TorchLensError
 from .match import match_ops
 from .metrics import REARRANGE, STAT_KEYS, value_stats, within
+from .union import union_trace
 
 ATOL, RTOL = 1e-5, 1.3e-6  # torch.testing's float32 tolerances
 BY = {"relative": True, "max_abs": True, "outside": True, "cosine": False}  # larger is worse?
@@ -287,6 +288,4 @@ class Comparison:
         relative difference, added and removed ops marked, module groups showing their largest
         difference. ``path="diff.html"`` writes the interactive viewer in diff mode;
         ``path="diff.svg"`` (or .pdf, .png) the static drawing. Other dials as ``Trace.draw``."""
-        from .union import union_trace
-
         return union_trace(self).draw(path=path, collapse=collapse, **dials)

@@ -8,8 +8,9 @@ import dataclasses
 import math
 from typing import Any
 
+from ..sites import name_of, split_pass
 from ..trace import Module, Op, Trace
-from .comparison import STAT_KEYS, Comparison, DiffRow
+from .metrics import STAT_KEYS
 
 LARGE = 1e30  # an infinite or NaN difference, coloured as the largest (JSON has no inf)
 
@@ -18,7 +19,7 @@ def _finite(v: float | None) -> float | None:
     return v if v is None or math.isfinite(v) else LARGE
 
 
-def op_diff(row: DiffRow) -> dict[str, Any]:
+def op_diff(row: Any) -> dict[str, Any]:
     """What one drawn op says of its difference (JSON-safe)."""
     out = {"status": row.status, "a": row.a, "b": row.b, "values": row.values,
            "changes": row.changes, "shape_a": row.shape_a, "shape_b": row.shape_b,
@@ -30,7 +31,7 @@ def op_diff(row: DiffRow) -> dict[str, Any]:
     return out
 
 
-def union_trace(cmp: Comparison) -> Trace:
+def union_trace(cmp: Any) -> Trace:
     """b's graph plus the ops only a has, ready to draw."""
     a, b = cmp.a, cmp.b
     taken = {op.label for op in b.ops}
@@ -43,7 +44,7 @@ def union_trace(cmp: Comparison) -> Trace:
         else:
             op = a[row.a]
             label = row.a if row.a not in taken else f"{op.base_label}~{cmp.names[0]}" + (
-                f":{op.pass_num}" if ":" in row.a else "")
+                f":{op.pass_num}" if split_pass(row.a)[1] is not None else "")
             rename[row.a] = label
             taken.add(label)
     modules = {address: m.copy() for address, m in b.modules.items()}
@@ -84,13 +85,13 @@ def _removed(op: Op, rename: dict[str, str], modules: dict[str, Module]) -> Op:
     union has kept around it."""
     stack = []
     for key in op.module_stack or ():
-        address, _, pass_text = key.rpartition(":")
-        if address in modules and int(pass_text) <= len(modules[address].calls):
+        address, pass_num = split_pass(key)
+        if address in modules and pass_num <= len(modules[address].calls):
             stack.append(key)
-    module, _, pass_text = stack[-1].rpartition(":") if stack else ("", "", "1")
+    module, pass_num = split_pass(stack[-1]) if stack else ("", 1)
     return dataclasses.replace(
-        op, label=rename[op.label], base_label=rename[op.label].partition(":")[0],
+        op, label=rename[op.label], base_label=name_of(rename[op.label]),
         parents=[rename.get(p, p) for p in op.parents or ()], module_stack=stack,
-        module=module, module_pass=int(pass_text),
+        module=module, module_pass=pass_num,
         module_outputs=[k for k in op.module_outputs or () if k in stack],
         saved=False, _value=None)

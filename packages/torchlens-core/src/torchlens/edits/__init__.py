@@ -5,9 +5,11 @@ site's value is produced; ``trace.edits`` lists every place an edit fired and th
 change. Sites are what ``save=`` takes (``torchlens.sites``).
 """
 
-from .log import EditLog
+from ..edit_log import EditLog
 from .plan import EditError, EditPlan
 from .values import Edit, Where, add, mean, patch, replace, scale, skip, zero
 
 __all__ = ["Edit", "EditError", "EditLog", "EditPlan", "Where", "add", "mean", "patch",
            "replace", "scale", "skip", "zero"]
+
+from . import push  # noqa: E402,F401  (provides trace.push)

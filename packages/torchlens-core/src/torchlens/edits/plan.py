@@ -13,25 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 from torch._C import DisableTorchFunction
 
 from ..capture.boundaries import leaves
-from ..errors import InputError, InputTypeError, TorchLensError
+from ..capture.inventory import Inventory
+from ..errors import EditError, InputError, InputTypeError, TorchLensError
 from ..sites import Site, nearest_labels, resolve
-from .values import Edit, Where, as_edit, fit, index_text
-
-
-class EditError(TorchLensError, ValueError):
-    """An edit that cannot apply where it fired, or that never fired."""
-
-
-def edit_error(code: str, where: Where | None, message: str,
-               teach: list[str] | None = None) -> EditError:
-    site = where.site if where is not None else "site"
-    return EditError(message, code=code, teach=teach or [
-        f"trace = tl.trace(model, x, save=[{site!r}]); trace[{site!r}].out.shape  "
-        "# the value's shape there"])
+from .values import Edit, Where, as_edit, edit_error, fit, index_text
 
 
 class EditPlan:
@@ -270,3 +259,11 @@ def _swap(value: Any, old: Tensor, new: Tensor, depth: int) -> Any:
     if hasattr(value, "_fields"):
         return type(value)(*(_swap(v, old, new, depth + 1) for v in value))
     return value
+
+
+def plan_edits(edits: Any, inv: Inventory, model: nn.Module, allow_unfired: bool,
+               surface: str) -> EditPlan | None:
+    """``edits=`` resolved before any forward runs (None: no edits, the unedited capture)."""
+    if edits is None:
+        return None
+    return EditPlan(edits, inv, model, allow_unfired=allow_unfired, surface=surface)

@@ -16,6 +16,11 @@ from typing import Any
 
 import torch
 
+from ..capabilities import provide
+from ..capture.entry import check_baseline
+from ..capture.inventory import inventory
+from ..capture.replay import RANDOM_FUNCS, autocast_of, fresh_first, op_refs, resolve_template
+from ..capture.transforms import call_batched
 from ..errors import TorchLensError
 from ..trace import Module, ModuleCall, Trace
 from .plan import EditError, EditPlan
@@ -27,14 +32,11 @@ _DATA_SHAPES = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked_s
 _INDEXING = {"getitem", "index", "index_select", "index_put", "index_put_", "take"}
 
 
+@provide("push")
 def push(trace: Trace, edits: Any, *, allow_unfired: bool = False) -> Trace:
     """A new Trace: ``trace`` with ``edits`` applied and every op downstream of them recomputed
     from its recorded call; the rest is shared with ``trace``. Equal to a re-run with the same
     edits where it runs."""
-    from ..capture.inventory import inventory
-    from ..validation import RANDOM_FUNCS, _fresh_first, _op_refs, _resolve, call_batched
-    from ..verbs import check_baseline
-
     templates, model = trace._objects.get("templates"), trace._objects.get("model")
     if templates is None or model is None or not all(op.saved for op in trace.ops):
         raise TorchLensError(
@@ -54,15 +56,14 @@ def push(trace: Trace, edits: Any, *, allow_unfired: bool = False) -> Trace:
     index_of = {op.label: op.index for op in ops}
     sites = _sites(trace, plan, index_of)
     downstream = _downstream(ops, index_of, sites)
-    _refuse_unsafe(ops, templates, downstream | set(sites), downstream, RANDOM_FUNCS, _op_refs)
+    _refuse_unsafe(ops, templates, downstream | set(sites), downstream)
     values = {op.index: op._value for op in ops}
     calls, casts = templates["calls"], templates["autocast"]
     with torch.no_grad():
         for i in sorted(downstream | set(sites)):
             op = ops[i]
             if i in downstream:
-                values[i] = _recompute(op, calls, casts, values, index_of, model, trace,
-                                       _resolve, _fresh_first, call_batched)
+                values[i] = _recompute(op, calls, casts, values, index_of, model, trace)
             for _, edit, position, where in sites.get(i, ()):
                 where.inputs = where.inputs(values) if callable(where.inputs) else where.inputs
                 values[i] = _edit(plan, edit, values[i], position, where, i)
@@ -119,7 +120,7 @@ def _downstream(ops: list, index_of: dict[str, int], sites: dict[int, list]) -> 
     return seen
 
 
-def _refuse_unsafe(ops, templates, touched, downstream, random_funcs, op_refs) -> None:
+def _refuse_unsafe(ops, templates, touched, downstream) -> None:
     why = []
     for i in sorted(touched):
         op = ops[i]
@@ -127,7 +128,7 @@ def _refuse_unsafe(ops, templates, touched, downstream, random_funcs, op_refs) -
             why.append(f"{op.label} (its value decided Python control flow)")
         elif i in downstream and op.func in _DATA_SHAPES:
             why.append(f"{op.label} ({op.func}: its shape depends on values)")
-        elif i in downstream and op.func in random_funcs:
+        elif i in downstream and op.func in RANDOM_FUNCS:
             why.append(f"{op.label} ({op.func} draws random numbers)")
         elif i in downstream and op.func in _INDEXING and any(
                 (v := ops[j]._value) is not None and getattr(v, "dtype", None) is torch.bool
@@ -141,19 +142,16 @@ def _refuse_unsafe(ops, templates, touched, downstream, random_funcs, op_refs) -
             code="push_unsafe", teach=["tl.trace(model, x, edits=...)  # a re-run is exact"])
 
 
-def _recompute(op, calls, casts, values, index_of, model, trace, resolve, fresh_first,
-               call_batched) -> Any:
+def _recompute(op, calls, casts, values, index_of, model, trace) -> Any:
     if op.kind == "output":
         value = values[index_of[op.parents[0]]]
         if isinstance(value, tuple):  # the output tensor of a several-output op: by shape
             value = next(v for v in value if list(v.shape) == op.shape)
         return value
     func, args, kwargs = calls[op.index]
-    args = fresh_first(op, resolve(args, trace, model, values))
-    kwargs = resolve(kwargs, trace, model, values)
-    from ..validation import _autocast
-
-    with _autocast(casts.get(op.index)):
+    args = fresh_first(op, resolve_template(args, trace, model, values))
+    kwargs = resolve_template(kwargs, trace, model, values)
+    with autocast_of(casts.get(op.index)):
         out = call_batched(func, args, kwargs)
     if isinstance(out, torch.Tensor):
         return out.detach()

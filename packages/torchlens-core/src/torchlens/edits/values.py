@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import InputError, InputTypeError
+from ..errors import EditError, InputError, InputTypeError
+from ..trace import Trace
 
 
 class Where:
@@ -62,6 +63,15 @@ def index_text(index: Any) -> str | None:
         else:
             parts.append(repr(i))
     return "[" + ", ".join(parts) + "]"
+
+
+def edit_error(code: str, where: Where | None, message: str,
+               teach: list[str] | None = None) -> EditError:
+    """An ``EditError`` whose teach shows the value's shape at ``where``'s site."""
+    site = where.site if where is not None else "site"
+    return EditError(message, code=code, teach=teach or [
+        f"trace = tl.trace(model, x, save=[{site!r}]); trace[{site!r}].out.shape  "
+        "# the value's shape there"])
 
 
 class Edit(ABC):
@@ -179,8 +189,6 @@ class _Patch(Edit):
 
     def __init__(self, source: Any, **kw):
         super().__init__(**kw)
-        from ..trace import Trace
-
         if not isinstance(source, Trace):
             raise InputTypeError(f"tl.edits.patch takes a Trace, not {type(source).__name__}",
                                  code="edit_invalid",
@@ -211,13 +219,10 @@ class _Mean(Edit):
 
     def __init__(self, source: Any, label: str | None = None, **kw):
         super().__init__(**kw)
-        from ..recording.reader import StoredRecording
-        from ..trace import Trace
-
         self.source, self.label = source, label
         if isinstance(source, Tensor):
             self.value = source.detach().mean(0)
-        elif isinstance(source, StoredRecording):
+        elif callable(getattr(source, "batches", None)):  # a recording store
             if label is None:
                 raise InputError("tl.edits.mean of a recording store needs the store's label",
                                  code="edit_invalid",
@@ -268,16 +273,12 @@ class _Skip(Edit):
     def new(self, part, where):
         inputs = where.inputs
         if not inputs:
-            from .plan import edit_error
-
             raise edit_error("edit_shape_mismatch", where,
                              f"tl.edits.skip at {where.site!r}: the call had no tensor input")
         value = inputs[0]
         if self.index is not None:
             value = value[self.index]
         if tuple(value.shape) != tuple(part.shape):
-            from .plan import edit_error
-
             raise edit_error("edit_shape_mismatch", where,
                              f"tl.edits.skip at {where.site!r}: its input has shape "
                              f"{list(value.shape)}, its output {list(part.shape)}")
@@ -294,8 +295,6 @@ class _Call(Edit):
     def new(self, part, where):
         out = self.fn(part, where)
         if not isinstance(out, Tensor):
-            from .plan import edit_error
-
             raise edit_error("edit_invalid", where,
                              f"the edit function {_fn_name(self.fn)} returned "
                              f"{type(out).__name__} at {where.label}, not a tensor")
@@ -311,8 +310,6 @@ def _fn_name(fn: Any) -> str:
 
 def fit(value: Tensor, part: Tensor, where: Where) -> Tensor:
     """``value`` on ``part``'s device and dtype, checked to broadcast to ``part``'s shape."""
-    from .plan import edit_error
-
     try:
         shape = torch.broadcast_shapes(value.shape, part.shape)
     except RuntimeError:
@@ -341,8 +338,6 @@ def fit(value: Tensor, part: Tensor, where: Where) -> Tensor:
 def source_value(source: Any, where: Where) -> Tensor:
     """The value another trace holds at ``where`` (the plan checked it is there when it could)."""
     from ..errors import TorchLensError
-    from .plan import edit_error
-
     try:
         value = source[where.key].out
     except TorchLensError:

@@ -6,7 +6,8 @@ notes where gradients will be read as the forward runs (through the recorder's s
 from __future__ import annotations
 
 from .backward import GradError, GradState, run_backward
+from .graph import backward_trace
 from .observer import GradObserver
 from .table import GradTable
 
-__all__ = ["GradError", "GradObserver", "GradState", "GradTable", "run_backward"]
+__all__ = ["GradError", "GradObserver", "GradState", "GradTable", "backward_trace", "run_backward"]

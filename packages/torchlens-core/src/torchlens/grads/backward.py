@@ -10,14 +10,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..errors import TorchLensError
+from ..capabilities import provide
+from ..errors import GRADS_TEACH, GradError, grads_unavailable
+from ..sites import split_pass
+from ..trace import NO_GRAD
 from .observer import GradObserver
-
-TEACH = 'trace = tl.trace(model, x, save_grads="all")  # then trace.backward(target)'
-
-
-class GradError(TorchLensError, RuntimeError):
-    """A gradient that cannot be computed or read as asked."""
 
 
 class GradState:
@@ -30,11 +27,6 @@ class GradState:
         self.params, self.sites = params, sites
         self.runs = 0
         self.retained = True  # no backward has freed the graph yet
-
-
-def unavailable(why: str, teach: list[str] | None = None) -> GradError:
-    return GradError(f"gradients are not available: {why}", code="grads_unavailable",
-                     teach=teach or [TEACH])
 
 
 def _target(trace: Any, state: GradState, target: Any) -> Tensor:
@@ -81,10 +73,11 @@ def _op_value(trace: Any, state: GradState, label: str) -> Tensor:
         raise GradError(f"{label!r}'s value was written in place after it was made; its "
                         "value as made is gone", code="grads_target_invalid",
                         teach=[f"trace.backward({trace.ops[op.index + 1].label!r})"
-                               if op.index + 1 < len(trace.ops) else TEACH])
+                               if op.index + 1 < len(trace.ops) else GRADS_TEACH])
     return slot.value
 
 
+@provide("backward")
 def run_backward(trace: Any, target: Any = None, *, retain_graph: bool = False,
                  param_grads: bool = False) -> Any:
     """Compute every noted gradient for ``target``; returns the trace's gradient table."""
@@ -92,13 +85,13 @@ def run_backward(trace: Any, target: Any = None, *, retain_graph: bool = False,
 
     state: GradState | None = trace._objects.get("grads")
     if state is None:
-        raise unavailable("this trace was not captured with save_grads= (or was loaded from a "
-                          "file, which keeps no autograd graph)")
+        raise grads_unavailable("this trace was not captured with save_grads= (or was loaded "
+                                "from a file, which keeps no autograd graph)")
     if not state.retained:
         raise GradError("this trace's backward already ran and freed the autograd graph",
                         code="grads_graph_freed",
                         teach=["trace.backward(target, retain_graph=True)  # on a new trace, "
-                               "to run backward again", TEACH])
+                               "to run backward again", GRADS_TEACH])
     target = _target(trace, state, target)
     slots = [slot for index in sorted(state.observer.slots)
              for slot in state.observer.slots[index] if slot.edge is not None]
@@ -147,7 +140,6 @@ def run_backward(trace: Any, target: Any = None, *, retain_graph: bool = False,
     return GradTable.of(trace)
 
 
-NO_GRAD = object()  # an op none of whose outputs needs a gradient
 
 
 def _specs(state: GradState) -> list:
@@ -166,8 +158,7 @@ def _edit_slots(trace: Any, state: GradState):
                        and (site.pass_num is None or op.pass_num == site.pass_num)]
         else:
             indices = [i for key, found in observer.calls.items()
-                       if key.rpartition(":")[0] == site.name and (
-                           site.pass_num is None or int(key.rpartition(":")[2]) == site.pass_num)
+                       if site.matches(*split_pass(key))
                        for i in found]
         for index in indices:
             slots = [s for s in observer.slots.get(index, ()) if s.edge is not None]

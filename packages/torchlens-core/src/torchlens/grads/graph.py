@@ -8,19 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..capabilities import provide
+from ..capture.boundaries import leaves
+from ..errors import GRADS_TEACH, GradError
 from ..trace import Module, ModuleCall, Op, Trace
-from .backward import GradError
 
 
+@provide("backward_trace")
 def backward_trace(trace: Any) -> Trace:
     """The backward graph of ``trace`` (before a backward without ``retain_graph`` frees it)."""
-    from ..capture.boundaries import leaves
-    from .backward import TEACH
-
     state = trace._objects.get("grads")
     if state is None:
         raise GradError("draw(backward=True) needs the autograd graph of a save_grads= capture",
-                        code="grads_unavailable", teach=[TEACH])
+                        code="grads_unavailable", teach=[GRADS_TEACH])
     if not state.retained or state.output is None:
         raise GradError("this trace's backward freed its autograd graph",
                         code="grads_graph_freed",

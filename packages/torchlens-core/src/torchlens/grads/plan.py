@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from ..edits.values import as_edit
-from ..errors import InputTypeError
+from ..errors import InputTypeError, grads_unavailable
 from ..sites import Site, resolve
-from .backward import GradState, unavailable
+from .backward import GradState
 from .observer import GradObserver
 
 FORWARD_ONLY = ("patch", "mean", "skip")  # edits whose value comes from a forward
@@ -35,13 +35,14 @@ def plan_grads(save_grads: Any, grad_edits: Any, inv: Any, model: torch.nn.Modul
     if save_grads is None and not grad_edits:
         return None
     if not torch.is_grad_enabled():
-        raise unavailable("grad mode is off here (torch.no_grad() or torch.inference_mode()), "
-                          "so the forward builds no autograd graph",
-                          teach=["with torch.enable_grad():\n    trace = tl.trace(model, x, "
+        raise grads_unavailable("grad mode is off here (torch.no_grad() or "
+                                "torch.inference_mode()), so the forward builds no autograd graph",
+                                teach=["with torch.enable_grad():\n    trace = tl.trace(model, x, "
                                  "save_grads=...)"])
     if inv.has_meta:
-        raise unavailable("the model has parameters on the meta device, which hold no values",
-                          teach=["model.to_empty(device='cpu'); model.load_state_dict(weights)  "
+        raise grads_unavailable("the model has parameters on the meta device, which hold no "
+                                "values",
+                                teach=["model.to_empty(device='cpu'); model.load_state_dict(weights)  "
                                  "# then tl.trace(model, x, save_grads=...)"])
     addresses = [address for address, _ in inv.modules if address]
     name = type(model).__name__

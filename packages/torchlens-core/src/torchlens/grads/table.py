@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..capabilities import provide
+from ..trace import NO_GRAD
+
 
 class GradTable(list):
     """Rows (dicts): label, module, shape, norm and max abs of the gradient; empty before
@@ -12,8 +15,6 @@ class GradTable(list):
     @classmethod
     def of(cls, trace: Any) -> GradTable:
         """The table of a trace's gradients after ``trace.backward``."""
-        from .backward import NO_GRAD
-
         rows = []
         for op in trace.ops:
             grad = op._grad
@@ -51,3 +52,9 @@ class GradTable(list):
         import pandas
 
         return pandas.DataFrame(list(self))
+
+
+@provide("grads")
+def grad_table(trace: Any) -> GradTable:
+    """``trace.grads``: the table of its gradients."""
+    return GradTable.of(trace)

@@ -29,23 +29,13 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from ..capture.compiled import eager
+from ..compiled import eager
+from ..errors import OverBudget
 from ..units import human
 
 MEMORY_FRACTION = 0.25  # of the memory available where the model lives
 MAX_FLOPS = {"cpu": 1e12, "cuda": 1e14}  # the time bound: ~a minute of CPU, seconds of GPU
 MAX_SECONDS = 120.0  # no new probe starts after this much inference time
-
-
-class OverBudget(RuntimeError):
-    """A probe would need more memory or FLOPs than its budget (raised before allocating)."""
-
-    def __init__(self, what: str, needed: float, limit: float, at: str):
-        self.what, self.needed, self.limit, self.at = what, needed, limit, at
-        unit = "bytes" if what == "memory" else "FLOPs"
-        super().__init__(f"needs more than its {what} budget: at least "
-                         f"{human(needed, digits=1)} {unit} (at {at}) > "
-                         f"{human(limit, digits=1)} {unit}")
 
 
 @dataclass

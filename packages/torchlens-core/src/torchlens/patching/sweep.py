@@ -93,14 +93,14 @@ def prepare(model: nn.Module, clean: Any, corrupt: Any, sites: Any, metric: Any,
     """What a sweep and its gradient estimate check before any forward: the metric, the sites
     (each glob's modules), both inputs resolved and of one shape. Returns (the model's
     inventory, the sites, the clean and the corrupt resolution)."""
-    from ..verbs import _options, checked_inventory, resolve_for
+    from ..capture.entry import checked_inventory, input_options, resolve_for
 
     inv = checked_inventory(model, surface)
     if not callable(metric):
         raise InputTypeError(f"metric takes a function of the model's output, not {metric!r}",
                              code="option_invalid", teach=[example])
     rows = _rows(model, inv, [sites] if isinstance(sites, str) else list(sites))
-    options = _options(*resolvers)
+    options = input_options(*resolvers)
     good, bad = (resolve_for(model, value, input_kwargs=None, input_shape=None,
                              surface=surface, options=options) for value in (clean, corrupt))
     _check_inputs(good, bad, batch_size)

@@ -9,6 +9,7 @@ from torch import nn
 from ..capture.inference import outside_inference_mode
 from ..errors import InputError
 from ..ladder import ABSENT
+from ..sites import split_pass
 
 SAVE_TEACH = ["tl.record(model, inputs, save=['conv2d_1', 'layer1'])",
               "tl.recording.dry_run(model, x, save=[...])  # see what would be recorded"]
@@ -36,8 +37,8 @@ def dry_run(model: nn.Module, x: Any = ABSENT, /, *, save: list[str], input_shap
         elif hasattr(hit, "output_ops"):
             ops = [result[hit.output_ops[0]]]
         else:
-            ops = [op for op in result if op.base_label == hit.base_label] if ":" not in key \
-                else [hit]
+            ops = [hit] if split_pass(key)[1] is not None else \
+                [op for op in result if op.base_label == hit.base_label]
         for op in ops:
             rows.append({"key": key, "label": op.label, "func": op.func, "shape": op.shape,
                          "dtype": op.dtype, "bytes": op.nbytes})

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, TorchLensError
+from ..errors import InputError
+from ..verbs import generator
 from .rows import Keeper, Rows
 
 COLUMNS = ("generate.step", "generate.token")
@@ -39,12 +40,7 @@ class GenerateSpec:
                              "batch_size=1 and no reduce=", code="option_invalid",
                              teach=['tl.record(lm, prompts, generate={"max_new_tokens": 16}, '
                                     'save=[...], batch_size=1)'])
-        try:
-            from torchlens_hf.generation import generate
-        except ImportError:
-            raise TorchLensError("generate= runs tl.generate, which needs torchlens-hf",
-                                 code="dependency_missing",
-                                 teach=["pip install torchlens-hf"]) from None
+        generate = generator(teach=["pip install torchlens-hf"])
         self.generate, self.options, self.edits = generate, dict(options), edits
 
     def describe(self) -> dict[str, Any]:

@@ -15,17 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import __version__
-from ..errors import TorchLensError
+from ..errors import RecordingError
+from ..version import __version__
 
 FORMAT = "torchlens-recording"
 VERSION = 1
 MANIFEST = "manifest.json"
 OVERWRITE_TEACH = "tl.record(model, inputs, save=[...], to=DIR, overwrite=True)  # start afresh"
-
-
-class RecordingError(TorchLensError, RuntimeError):
-    """A recording store cannot be written or read as asked."""
 
 
 def rank_manifest(rank: int) -> str:

@@ -22,7 +22,7 @@ from ..capture.inference import outside_inference_mode
 from ..capture.inventory import Inventory
 from ..capture.meta import refuse_values
 from ..errors import InputError
-from ..sites import expand_globs
+from ..sites import expand_globs, name_of
 from . import distributed
 from .dry_run import SAVE_TEACH, dry_run
 from .manifest import MANIFEST, RecordingError, header, merge, rank_manifest, read_json, write_json
@@ -134,7 +134,8 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     each generated token fed back, with ``generate.step`` (the step that computed it) and
     ``generate.token`` (its id) recorded beside the labels.
     """
-    from ..verbs import checked_inventory, plan_edits
+    from ..capture.entry import checked_inventory
+    from ..edits.plan import plan_edits
 
     _check_options(save, reduce, dtype, to, batch_size)
     inv = checked_inventory(model, "record")
@@ -183,7 +184,7 @@ def _check_labels(model: nn.Module, first: Any, save: list[str], options: dict,
 
 
 def _resolve(model: nn.Module, value: Any, options: dict, inv: Inventory | None):
-    from ..verbs import resolve_for
+    from ..capture.entry import resolve_for
 
     return resolve_for(model, value, input_kwargs=None, input_shape=None, surface="record",
                        options=options, inv=inv)
@@ -198,8 +199,7 @@ def _capture(model: nn.Module, res, save: list[str], keeper: Keeper, plan: Any =
 
 
 def _missing(values: dict[str, Any], save: list[str]) -> None:
-    missing = [s for s in save if not any(k == s or k.startswith(f"{s}:") or
-                                          k.rpartition(":")[0] == s for k in values)]
+    missing = [s for s in save if not any(k == s or name_of(k) == s for k in values)]
     if missing:
         raise InputError(f"save= names {missing} that no op or module of this forward matches",
                          code="save_selection_invalid", teach=SAVE_TEACH)

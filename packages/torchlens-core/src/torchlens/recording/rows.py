@@ -15,6 +15,7 @@ import torch
 
 from ..capture.recorder import snapshot
 from ..errors import InputError
+from ..sites import function_of, name_of
 
 REDUCTIONS = ("mean", "last")
 REDUCE_TEACH = ["tl.record(model, inputs, save=['h.0'], reduce='mean')",
@@ -34,9 +35,9 @@ class Rows:
 def entry_of(key: str, save: list[str]) -> str | None:
     """The ``save=`` entry a recorded key (``linear_2``, ``cell:3``) came from."""
     for entry in save:
-        if key == entry or key.partition(":")[0] == entry:
+        if key == entry or name_of(key) == entry:
             return entry
-    base = key.partition(":")[0].rpartition("_")[0]
+    base = function_of(key)
     return base if base in save else None
 
 

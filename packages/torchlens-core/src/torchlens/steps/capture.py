@@ -18,14 +18,10 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import InputTypeError, TorchLensError
+from ..errors import InputTypeError, StepError
 from .run import StepRun
 
 MARK = "_torchlens_steps"
-
-
-class StepError(TorchLensError, RuntimeError):
-    """A step run that cannot start, or that ended without a step it was asked for."""
 
 
 def _selector(at_steps: Any) -> tuple[Callable[[int], bool], list[int]]:
@@ -70,10 +66,11 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
     """
     from ..capture.boundaries import Kept
     from ..capture.engine import capture, parse_save, saves_nothing
+    from ..capture.entry import checked_inventory
     from ..capture.inventory import inventory
     from ..capture.recorder import Recorder
     from ..capture.redirect import Redirect
-    from ..verbs import checked_inventory, plan_edits
+    from ..edits.plan import plan_edits
     from .follow import Followed, Follower
 
     if not isinstance(model, nn.Module):

@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
+from ..capabilities import lookup
 from ..capture.engine import raw_records, record_costs
+from ..errors import StepError
 from ..trace import Trace
 from .follow import HOLD_BYTES, costs, followable, graph_bytes
 
@@ -171,8 +173,6 @@ class StepRun:
             index += self.count
         step = self._steps.get(index)
         if step is None:
-            from .capture import StepError
-
             raise StepError(
                 f"step {index} was not captured (this run made {self.count} call(s); "
                 f"captured: {self.captured[:8]}{' ...' if len(self.captured) > 8 else ''})",
@@ -219,9 +219,7 @@ class StepRun:
         """``path="gen.html"``: the viewer with a step selector (each distinct graph once,
         per step its op times, shapes and token); a static format draws step ``step`` (default:
         the first captured). Other dials as ``Trace.draw``."""
-        from .draw import draw_run
-
-        return draw_run(self, step=step, path=path, **dials)
+        return lookup("draw_steps")(self, step=step, path=path, **dials)
 
     def __str__(self) -> str:
         head = ("step", "ops", "graph", "time (ms)", "saved", "token")

@@ -11,6 +11,7 @@ from .draw import draw_trace, render_drawing, validate_options
 from .drawing import Drawing
 from .options import DIALS, DrawOptionError, check_options
 from .renderers import Renderer, RendererError, available_renderers, choose_renderer
+from .steps import draw_run
 from .themes import THEMES, Theme
 from .view import GraphView, ViewCluster, ViewEdge, ViewNode, format_count, format_shape
 
@@ -18,5 +19,5 @@ __all__ = [
     "DIALS", "Drawing", "DrawOptionError", "GraphView", "Renderer", "RendererError", "THEMES",
     "Theme", "ViewCluster", "ViewEdge", "ViewNode", "available_renderers", "build_view",
     "check_options", "choose_renderer", "draw_trace", "format_count", "format_shape",
-    "render_drawing", "validate_options",
+    "draw_run", "render_drawing", "validate_options",
 ]

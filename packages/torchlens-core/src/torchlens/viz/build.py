@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import LookupFailed
+from ..sites import name_of, split_pass
 from .collapse import Remap, Structure, expanded_calls, fold_repeats, roll_passes
 from .groups import Synthetic, group_stacks, is_synthetic
 from .metric import largest, op_metrics
@@ -106,7 +107,7 @@ class _Builder:
         base = self._scope_depth()
         for info in self.synthetic.values():
             types[info.address] = "Loop" if info.kind == "loop" else "Segment"
-            scope = info.scope.rpartition(":")[0] if info.scope else None
+            scope = name_of(info.scope) if info.scope else None
             depths[info.address] = depths[scope] if scope else base
         self.full = Structure(self.stacks, self.stacks, prints, types, depths, base)
         self.remap = Remap()
@@ -128,7 +129,7 @@ class _Builder:
         module = self.opts.module
         if not module:
             return 0
-        address = module.rpartition(":")[0] if self._by_key else module
+        address = name_of(module) if self._by_key else module
         found = self.trace.modules.get(address)
         return found.depth if found is not None else 0
 
@@ -138,12 +139,13 @@ class _Builder:
         ops = self.trace.ops
         if not module:
             return list(ops), {op.label: tuple(op.module_stack or ()) for op in ops}
-        by_key = self._by_key = ":" in module and module not in self.trace.modules
+        by_key = self._by_key = split_pass(module)[1] is not None and \
+            module not in self.trace.modules
         scoped, stacks = [], {}
         for op in ops:
             stack = op.module_stack or ()
             for i, key in enumerate(stack):
-                if key == module if by_key else key.rpartition(":")[0] == module:
+                if key == module if by_key else name_of(key) == module:
                     scoped.append(op)
                     stacks[op.label] = tuple(stack[i + 1:])
                     break
@@ -241,7 +243,7 @@ class _Builder:
             params = sum(self._op_params(op) for m in members for op in self.full.calls[m].ops)
         elif kind == "fold":
             title, lines = f"{call.type} ×{count}", [self._span(key, cluster)]
-            params = sum(modules[m.rpartition(":")[0]].num_params for m in members)
+            params = sum(modules[name_of(m)].num_params for m in members)
         else:
             title = self._call_name(key, cluster) + (f" ×{count}" if count > 1 else "")
             lines = [call.type]
@@ -297,8 +299,8 @@ class _Builder:
         if is_synthetic(key):
             ops = self.synthetic[key].ops
             return f"{len(ops)} ops a step: {ops[0]} … {ops[-1]}"
-        first = self._relative(members[0].rpartition(":")[0], cluster)
-        last = self._relative(members[-1].rpartition(":")[0], cluster)
+        first = self._relative(name_of(members[0]), cluster)
+        last = self._relative(name_of(members[-1]), cluster)
         head, _, _ = first.rpartition(".")
         head2, _, end = last.rpartition(".")
         return f"{first}–{end}" if head == head2 else f"{first} … {last}"
@@ -313,7 +315,7 @@ class _Builder:
         if cluster is not None:
             prefix = self.structure.calls[cluster.removeprefix("cluster:")].address + "."
         elif self.opts.module:
-            prefix = self.opts.module.rpartition(":")[0] if self._by_key else self.opts.module
+            prefix = name_of(self.opts.module) if self._by_key else self.opts.module
             prefix += "."
         else:
             return name
@@ -327,9 +329,9 @@ class _Builder:
     def _call_shape(self, key: str) -> Any:
         if is_synthetic(key):
             return self.by_label[self.synthetic[key].ops[-1]].shape
-        address, _, pass_text = key.rpartition(":")
+        address, pass_num = split_pass(key)
         calls = self.trace.modules[address].calls
-        index = int(pass_text) - 1
+        index = pass_num - 1
         if 0 <= index < len(calls) and calls[index].output_ops:
             return self.by_label[calls[index].output_ops[0]].shape
         ops = calls[index].ops if 0 <= index < len(calls) else ()
@@ -406,6 +408,6 @@ def shorten(name: str, prefix: str) -> str:
     short = name.removeprefix(prefix)
     if short == name:
         return name
-    if short.split(":")[0].isdigit():
+    if name_of(short).isdigit():
         return prefix[:-1].rpartition(".")[2] + "." + short
     return short

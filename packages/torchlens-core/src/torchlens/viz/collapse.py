@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..sites import split_pass
+
 Item = tuple[str, str]  # ("call", call key) or ("op", op label)
 
 
@@ -56,9 +58,9 @@ class Structure:
             for level, key in enumerate(stack, 1):
                 call = self.calls.get(key)
                 if call is None:
-                    address, _, pass_text = key.rpartition(":")
+                    address, pass_num = split_pass(key)
                     depth = depths[address] - base_depth if depths else level
-                    call = CallInfo(key, address, int(pass_text or 1), types.get(address, "?"),
+                    call = CallInfo(key, address, pass_num or 1, types.get(address, "?"),
                                     depth, parent)
                     self.calls[key] = call
                     self._children(parent).append(("call", key))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..errors import TorchLensError
+from ..errors import DrawingTooLarge
 from .view import GraphView
 
 COST_PER_NODE = 20  # Σ width² allowed per node of max_nodes (≈ 8 s of dot at 70,000)
@@ -51,12 +51,6 @@ def layout_cost(view: GraphView) -> int:
         running += spans[r]
         width[r] += running
     return sum(w * w for w in width.values())
-
-
-class DrawingTooLarge(TorchLensError, RuntimeError):
-    """A static drawing is larger than a layout program lays out in a few seconds."""
-
-    code = "drawing_too_large"
 
 
 def check_size(view: GraphView, max_nodes: int | None) -> None:

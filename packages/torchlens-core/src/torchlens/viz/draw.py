@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..capabilities import provide
 from ..errors import TorchLensError
 from . import output
 from .build import build_view
@@ -25,6 +26,7 @@ from .page import build_page
 from .renderers import available_renderers, choose_renderer, renderer_formats
 
 
+@provide("draw")
 def draw_trace(trace: Any, *, collapse: str | int = "none", module: str | None = None,
                depth: int | None = None, theme: str = "light", direction: str = "TB",
                file_format: str | None = None, path: str | os.PathLike | None = None,
@@ -58,7 +60,7 @@ def draw_trace(trace: Any, *, collapse: str | int = "none", module: str | None =
         roll_recurrent=roll_recurrent, fold=fold, node_budget=node_budget,
         max_nodes=max_nodes, color=color, overlay=overlay, **unknown,
     )
-    return _draw(trace, opts)
+    return draw_with_pages(trace, opts)
 
 
 def validate_options(**options: Any) -> DrawOptions:
@@ -116,7 +118,7 @@ def _refuse_suffix(opts: DrawOptions, suffix: str, why: str) -> DrawOptionError:
     )
 
 
-def _draw(trace: Any, opts: DrawOptions, pages: Any = None) -> Drawing:
+def draw_with_pages(trace: Any, opts: DrawOptions, pages: Any = None) -> Drawing:
     """``pages``: ``opts -> PageModel`` for an interactive renderer, when the caller builds the
     page itself (a step run's page holds every step)."""
     name, cls, fmt = _pick(opts)

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..sites import name_of
+
 PREFIX = "~"
 MAX_PERIOD = 48  # longest loop body (in items) looked for
 MIN_LOOP_OPS = 4  # a loop must stand for at least this many ops to be worth a box
@@ -98,7 +100,7 @@ class _Grouper:
 
     def _print(self, item: str) -> int:
         if item in self.ops_of:  # a call: its module type and its op prints
-            kind = self.types.get(item.rpartition(":")[0], "?")
+            kind = self.types.get(name_of(item), "?")
             return hash(("call", kind, tuple(self.prints[op] for op in self.ops_of[item])))
         return hash(self.prints[item])
 

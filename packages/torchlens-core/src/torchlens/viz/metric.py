@@ -25,7 +25,8 @@ def op_metrics(trace: Any, opts: Any) -> tuple[str, dict[str, float]] | None:
 
 
 def _grad_norms(trace: Any) -> dict[str, float]:
-    from ..grads.backward import NO_GRAD, unavailable
+    from ..errors import grads_unavailable
+    from ..trace import NO_GRAD
 
     out = {}
     for op in trace.ops:
@@ -35,8 +36,8 @@ def _grad_norms(trace: Any) -> dict[str, float]:
         parts = grad if isinstance(grad, tuple) else (grad,)
         out[op.label] = math.sqrt(sum(float(g.detach().double().square().sum()) for g in parts))
     if not out:
-        raise unavailable('color="grad_norm" on a trace with no gradients',
-                          teach=['trace = tl.trace(model, x, save_grads="all")',
+        raise grads_unavailable('color="grad_norm" on a trace with no gradients',
+                                teach=['trace = tl.trace(model, x, save_grads="all")',
                                  "trace.backward(target); trace.draw(color='grad_norm')"])
     return out
 

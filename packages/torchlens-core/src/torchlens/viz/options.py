@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TorchLensError
+from ..errors import DrawOptionError
 from .themes import THEMES, Theme
 
 COLLAPSE_MODES = ("none", "modules", "auto")
@@ -20,12 +20,6 @@ DIALS = (
     "renderer", "roll_recurrent", "fold", "node_budget", "max_nodes", "color", "overlay",
 )
 COLORS = ("grad_norm", "overlay")  # per-op numbers a drawing can be coloured by
-
-
-class DrawOptionError(TorchLensError, TypeError, ValueError):
-    """A keyword given to a drawing surface is unknown or has a value it cannot take."""
-
-    code = "draw_option_invalid"
 
 
 @dataclass(frozen=True)

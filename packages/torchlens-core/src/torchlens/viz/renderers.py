@@ -5,15 +5,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
-from ..errors import TorchLensError
+from ..errors import RendererError, TorchLensError
 from .options import refuse
 from .view import GraphView
 
 DEFAULT_RENDERER = "graphviz"
-
-
-class RendererError(TorchLensError, RuntimeError):
-    """No renderer fits, or a renderer failed to produce its output."""
 
 
 class Renderer(ABC):

@@ -8,20 +8,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..viz.page import PageModel, build_page
-from ..viz.view import format_shape
+from ..capabilities import provide
+from ..errors import StepError
+from .draw import draw_with_pages, validate_options
+from .page import PageModel, build_page
+from .view import format_shape
 
 
+@provide("draw_steps")
 def draw_run(run: Any, *, step: int | None = None, path: str | os.PathLike | None = None,
              **dials: Any):
     """Draw ``run``: the interactive page with every captured step, or step ``step``
     (default: the first captured) in a static format."""
-    from ..viz.draw import _draw, validate_options
-
     captured = run.captured
     if not captured:
-        from .capture import StepError
-
         raise StepError("this run captured no step to draw", code="step_not_captured",
                         teach=["tl.steps(model, at_steps=None)  # every step"])
     first = captured[0] if step is None else step
@@ -32,7 +32,7 @@ def draw_run(run: Any, *, step: int | None = None, path: str | os.PathLike | Non
     def pages(opts: Any) -> Any:
         return _step_page(run, first, opts)
 
-    return _draw(shown, opts, pages=pages)
+    return draw_with_pages(shown, opts, pages=pages)
 
 
 def _step_page(run: Any, current: int, opts: Any) -> Any:
