@@ -105,9 +105,25 @@ def test_a_steering_edit_on_chosen_steps_changes_only_those(lm, gpt2):
     assert torch.allclose(run[2]["transformer.drop"].out, kept[2], atol=1e-6)  # upstream
 
 
+def test_tl_generate_is_the_loop_torchlens_hf_provides():
+    from torchlens.plugins import hook
+    from torchlens_hf.generation import generate
+
+    assert hook().torchlens_generate() is generate
+
+
 def test_tl_generate_needs_torchlens_hf(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torchlens_hf.generation", None)
+    from types import SimpleNamespace
+
+    import torchlens.verbs
+
+    monkeypatch.setattr(torchlens.verbs, "hook",
+                        lambda: SimpleNamespace(torchlens_generate=lambda: None))
+    calls = []
+    model = torch.nn.Linear(2, 2)
+    model.register_forward_hook(lambda *a: calls.append(1))
     with pytest.raises(tl.TorchLensError) as err:
-        tl.generate  # noqa: B018
+        tl.generate(model, "hello")
     assert err.value.code == "dependency_missing" and "pip install torchlens-hf" in \
         err.value.teach
+    assert not calls  # refused before any forward

@@ -31,7 +31,7 @@ from torch._C import DisableTorchFunction
 from torch.nn.modules import module as _module
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from .recorder import R_OUT_SHAPES, snapshot
+from .recorder import snapshot
 
 _MISSING = object()
 # the instance attribute ``nn.Module.__call__`` calls instead of ``_call_impl`` when it is set
@@ -376,7 +376,7 @@ def _keep_values(state: Any, found: list) -> None:
         index = state.producer(t)
         if index is None or index in state.values:
             continue
-        shapes = state.records[index][R_OUT_SHAPES]
+        shapes = state.records[index].out_shapes
         if shapes is None:
             state.values[index] = snapshot(t)
             continue

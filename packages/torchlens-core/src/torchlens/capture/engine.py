@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from math import prod
-from operator import itemgetter
 from typing import Any
 
 import torch
@@ -35,10 +34,8 @@ from .flops import flops_of, flops_of_weight
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
 from .offload import homes, quiet_hooks
+from .record import OpRecord, fields
 from .recorder import (
-    R_DEVICE,
-    R_LABEL,
-    R_PARENTS,
     CaptureState,
     LightRecorder,
     Recorder,
@@ -49,6 +46,8 @@ from .seam import combine
 from .watch import note_writes, write_guard
 
 _active = threading.local()
+_DEVICE = fields("device")
+_COSTED = fields("func", "shape", "dtype", "out_shapes", "nbytes", "flops")
 _NORM = nn.modules.batchnorm._NormBase
 
 
@@ -228,8 +227,7 @@ def raw_records(trace: Trace) -> tuple[list, dict, list] | None:
 def record_costs(record: tuple, weight_shape: Callable[[str], Any]) -> tuple:
     """(shape, out_shapes, nbytes, flops) of one raw record, as ``_objects`` makes them for
     its Op (which does it inline: it is the loop over every op of a capture)."""
-    func, shape, dtype, out_shapes, nbytes, flops = (record[0], record[5], record[6],
-                                                     record[8], record[9], record[12])
+    func, shape, dtype, out_shapes, nbytes, flops = _COSTED(record)
     if nbytes is None:
         nbytes = prod(shape) * dtype.itemsize
     if type(flops) is str:
@@ -285,7 +283,7 @@ def _check_selection(records: list, labels: set[str]) -> None:
     were made during the forward whenever ``save=`` names any."""
     if not labels:
         return
-    known = {rec[R_LABEL] for rec in records}
+    known = {rec.label for rec in records}
     known |= {name_of(label) for label in known}
     unknown = sorted(labels - known)
     if unknown:
@@ -383,9 +381,9 @@ def _stack(frame: list, stacks: dict[int, list[str]]) -> list[str]:
     return stack
 
 
-def _leaf_record(state, kind, label, t, parents, slot) -> tuple:
-    return (kind, state.frames[0], parents, (), (), t.shape, t.dtype, t.device, None, None, False,
-            False, None, 0, label, kind, slot)
+def _leaf_record(state, kind, label, t, parents, slot) -> OpRecord:
+    return OpRecord(kind, state.frames[0], parents, (), (), t.shape, t.dtype, t.device, None,
+                    None, False, False, None, 0, label, kind, slot)
 
 
 def _input_leaves(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
@@ -480,7 +478,7 @@ def _build(model, inv: Inventory, state, calls, structure, elapsed_ns, save, pro
         "partial": is_partial,
         "root_params": sum([prod(f[0]) for f in param_facts if not f[4]]),
         "train_mode_batchnorm": train_bn,
-        "op_time": time_kind(set(map(itemgetter(R_DEVICE), state.records))),
+        "op_time": time_kind(set(map(_DEVICE, state.records))),
     }
     # the recorder's working sets
     state.tensors = state.writes = state.data_aliases = state.held = state.shapes = None
@@ -508,7 +506,7 @@ def _objects(state, calls, module_classes, param_names, param_facts, buffer_fact
     ops: list[Op] = []
     children: list[list[int]] = [[] for _ in records]
     for i, rec in enumerate(records):
-        parents = rec[R_PARENTS]
+        parents = rec.parents
         if type(parents) is int:
             children[parents].append(i)
         else:

@@ -21,6 +21,7 @@ from .cow import SET_DATA, Held, may_write, storage_key, written_by
 from .flops import FORMULAS, WEIGHT_ARG, flops_of, shapes
 from .naming import NAMES as _names
 from .naming import func_name
+from .record import OpRecord, new_record
 from .transforms import in_front, inside, is_wrapped, unwrapped
 
 Tensor = torch.Tensor
@@ -57,18 +58,6 @@ _ALIASES = frozenset({"detach", "data", "alias", "set_", "view"})
 # element types of a tuple/list argument that cannot hold a tensor (strides, paddings, sizes)
 _SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), torch.Size})
 
-# One record per node, a tuple in this field order. The hot path stores raw facts (torch.Size,
-# dtype and device objects, the module frame); labels, strings and byte counts are derived once
-# the forward is over, in ``engine._build``. ``parents`` is the producer's index when there is
-# one (most ops: one object less for the collector), else a list. ``label`` is None until then
-# (set at the op only when ``save=`` names labels). ``out_shapes`` is None for a single output;
-# ``nbytes`` None means "numel of shape times dtype size"; ``flops`` holds, for a call with a
-# FLOP formula (counted later), its weight parameter's name (``WEIGHT_ARG``) or else its
-# argument shapes (inside ``torch.vmap``: the count itself); None for other calls. Equal shapes
-# are one object (``CaptureState.shapes``): every object a record keeps is memory the rest of
-# the forward runs through.
-(R_FUNC, R_FRAME, R_PARENTS, R_PARAMS, R_BUFFERS, R_SHAPE, R_DTYPE, R_DEVICE, R_OUT_SHAPES,
- R_NBYTES, R_INPLACE, R_VIEW, R_FLOPS, R_TIME, R_LABEL, R_KIND, R_SLOT) = range(17)
 
 
 class CaptureState:
@@ -153,7 +142,7 @@ class CaptureState:
                     return ("op", index, entry[3])
                 # written in place through another view: replay reads the writer's value when
                 # it holds exactly these elements, else the value as it is now
-                written = self.records[index][R_SHAPE] if index < len(self.records) else None
+                written = self.records[index].shape if index < len(self.records) else None
                 if written is not None and prod(written) == value.numel():
                     return ("op", index, 0, tuple(value.shape))
             return ("const", value.detach().clone())
@@ -472,9 +461,9 @@ class Recorder(TorchFunctionMode):
         except RuntimeError:  # a strided nested tensor has no sizes
             shape, nbytes = ragged(main)
             out_shapes = [shape]
-        s.records.append((
+        s.records.append(new_record(OpRecord, (
             name, frame, parents, params, buffers, s.shapes.setdefault(shape, shape), main.dtype,
-            main.device, out_shapes, nbytes, inplace, is_view, flops, elapsed, label, "op", None))
+            main.device, out_shapes, nbytes, inplace, is_view, flops, elapsed, label, "op", None)))
         if s.calls is not None:
             self._keep_for_replay(index, func, args, kwargs, out, out_tensors or [main])
         ref = _ref(main)
@@ -531,7 +520,7 @@ class Recorder(TorchFunctionMode):
                 flops *= prod(views[0].shape[:len(real[0][2])])
         several = len(views) > 1
         shape = views[0].shape
-        s.records.append((
+        s.records.append(OpRecord(
             name, s.frames[-1], parents, params, buffers,
             s.shapes.setdefault(shape, shape), main.dtype, main.device,
             [v.shape for v in views] if several else None,

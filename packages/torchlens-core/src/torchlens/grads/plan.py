@@ -37,13 +37,14 @@ def plan_grads(save_grads: Any, grad_edits: Any, inv: Any, model: torch.nn.Modul
     if not torch.is_grad_enabled():
         raise grads_unavailable("grad mode is off here (torch.no_grad() or "
                                 "torch.inference_mode()), so the forward builds no autograd graph",
-                                teach=["with torch.enable_grad():\n    trace = tl.trace(model, x, "
-                                 "save_grads=...)"])
+                                teach=["with torch.enable_grad():\n    trace = "
+                                       "tl.trace(model, x, save_grads=...)"])
     if inv.has_meta:
         raise grads_unavailable("the model has parameters on the meta device, which hold no "
                                 "values",
-                                teach=["model.to_empty(device='cpu'); model.load_state_dict(weights)  "
-                                 "# then tl.trace(model, x, save_grads=...)"])
+                                teach=["model.to_empty(device='cpu'); "
+                                       "model.load_state_dict(weights)  "
+                                       "# then tl.trace(model, x, save_grads=...)"])
     addresses = [address for address, _ in inv.modules if address]
     name = type(model).__name__
     every = save_grads == "all"

@@ -29,25 +29,12 @@ from ..capture.cow import _writers, written_by
 from ..capture.flops import FORMULAS, WEIGHT_ARG, shapes
 from ..capture.naming import NAMES as _names
 from ..capture.naming import func_name
+from ..capture.record import OpRecord, fields
 from ..capture.recorder import (
     _EMPTY,
     _NONE,
     _PASSTHROUGH,
     _SCALARS,
-    R_BUFFERS,
-    R_DTYPE,
-    R_FLOPS,
-    R_FRAME,
-    R_FUNC,
-    R_INPLACE,
-    R_KIND,
-    R_NBYTES,
-    R_OUT_SHAPES,
-    R_PARAMS,
-    R_PARENTS,
-    R_SHAPE,
-    R_SLOT,
-    R_TIME,
     Recorder,
     _inputs,
     tensor_outputs,
@@ -57,10 +44,10 @@ from ..capture.transforms import is_wrapped
 Tensor = torch.Tensor
 Parameter = torch.nn.Parameter
 # shape, out_shapes, nbytes, FLOPs: a step's own where they differ from its graph's
-costs = itemgetter(R_SHAPE, R_OUT_SHAPES, R_NBYTES, R_FLOPS)
+costs = fields("shape", "out_shapes", "nbytes", "flops")
 # what an input or output record must agree on with its graph's: kind, slot and producer
-_END = itemgetter(R_FUNC, R_PARENTS, R_DTYPE, R_KIND, R_SLOT)
-_EDGES = itemgetter(R_PARENTS, R_PARAMS, R_BUFFERS, R_DTYPE)  # what an op must agree on
+_END = fields("func", "parents", "dtype", "kind", "slot")
+_EDGES = fields("parents", "params", "buffers", "dtype")  # what an op must agree on
 # a followed step holds its ops' tensors until it ends (and checks them then, together) while
 # they came to at most this many bytes in the step before; above, it checks each op as it runs
 HOLD_BYTES = 64 << 20
@@ -76,12 +63,12 @@ _NOT_FOLLOWED = frozenset({"data", "set_data"})  # calls whose output aliases an
 
 def _bytes(record: tuple) -> int:
     """What a raw record's output takes in memory."""
-    return record[R_NBYTES] or prod(record[R_SHAPE]) * record[R_DTYPE].itemsize
+    return record.nbytes or prod(record.shape) * record.dtype.itemsize
 
 
 def graph_bytes(records: list) -> int:
     """The bytes a graph's ops made (what a step following it holds until it ends)."""
-    return sum(_bytes(r) for r in records if r[R_KIND] == "op")
+    return sum(_bytes(r) for r in records if r.kind == "op")
 
 
 def _flow(held: list, mains: list, base: dict, start: int) -> tuple | None:
@@ -133,7 +120,7 @@ def _as_called(value: Any) -> Any:
 def followable(records: list) -> bool:
     """Whether a later step may follow this graph: nothing in it wrote in place or aliased
     memory (what a follower does not track)."""
-    return not any(rec[R_INPLACE] or rec[0] in _NOT_FOLLOWED for rec in records)
+    return not any(rec.inplace or rec.func in _NOT_FOLLOWED for rec in records)
 
 
 @dataclasses.dataclass
@@ -297,8 +284,9 @@ class Follower(Recorder):
         if len(parents) == 1:
             parents = parents[0]
         shape, out_shapes, nbytes, flops = self._costs(name, args, kwargs, main, outs)
-        return (name, frame, parents, params, buffers, shape, main.dtype, main.device,
-                out_shapes, nbytes, False, main._is_view(), flops, elapsed, None, "op", None)
+        return OpRecord(name, frame, parents, params, buffers, shape, main.dtype, main.device,
+                        out_shapes, nbytes, False, main._is_view(), flops, elapsed, None, "op",
+                        None)
 
     def _costs(self, name: str, args: tuple, kwargs: dict | None, main: Tensor,
                outs: list | None) -> tuple:
@@ -335,13 +323,13 @@ class Follower(Recorder):
         if None in names:
             names = [name or func_name(func) for name, func in zip(names, map(_FUNC, held))]
         if "names" not in known:
-            known["names"] = [rec[R_FUNC] for rec in template]
-            known["calls"] = [(rec[R_FRAME][0], rec[R_FRAME][1]) for rec in template]
-            known["facts"] = [(rec[R_DTYPE], rec[R_SHAPE]) for rec in template]
+            known["names"] = [rec.func for rec in template]
+            known["calls"] = [_CALL(rec.frame) for rec in template]
+            known["facts"] = [(rec.dtype, rec.shape) for rec in template]
             # ops whose costs are read every step: FLOPs from argument shapes, several outputs
-            known["costly"] = [i for i, rec in enumerate(template) if rec[R_KIND] == "op" and (
-                rec[R_OUT_SHAPES] is not None or rec[R_FLOPS] is not None and
-                type(rec[R_FLOPS]) is not str)]
+            known["costly"] = [i for i, rec in enumerate(template) if rec.kind == "op" and (
+                rec.out_shapes is not None or rec.flops is not None and
+                type(rec.flops) is not str)]
         base = {key: (name,) for key, name in s.buffer_ids.items()}
         base.update(s.param_ids)
         base.update((key, entry[0]) for key, entry in self.entries.items())
@@ -372,9 +360,9 @@ class Follower(Recorder):
             want = template[i]
             if own != costs(want):
                 shape, out_shapes, nbytes, flops = own
-                rec = want[:R_FRAME] + (records[i],) + want[R_FRAME + 1:R_SHAPE] + (
-                    shape, main.dtype, main.device, out_shapes, nbytes) + want[R_INPLACE:
-                    R_FLOPS] + (flops, elapsed) + want[R_TIME + 1:]
+                rec = want._replace(frame=records[i], shape=shape, dtype=main.dtype,
+                                    device=main.device, out_shapes=out_shapes, nbytes=nbytes,
+                                    flops=flops, time_ns=elapsed)
                 records[i] = rec
                 self.changed.append(i)
                 delta += _bytes(rec) - _bytes(want)
@@ -391,8 +379,8 @@ class Follower(Recorder):
             rec = self._own(entries, name, frame, args, kwargs, main, outs, elapsed)
             if agreed:
                 want = template[index] if index < len(template) else None
-                if want is None or want[R_FUNC] != name or want[R_FRAME][0] != frame[0] or \
-                        want[R_FRAME][1] != frame[1] or _EDGES(rec) != _EDGES(want):
+                if want is None or want.func != name or _CALL(want.frame) != _CALL(frame) or \
+                        _EDGES(rec) != _EDGES(want):
                     agreed = self.following = False
                 elif costs(rec) == costs(want):
                     rec = None
@@ -421,7 +409,7 @@ class Follower(Recorder):
             _names.pop(ran, None)
         if len(records) > index:
             rec = records[index]
-            records[index] = rec[:R_TIME] + (elapsed,) + rec[R_TIME + 1:]
+            records[index] = rec._replace(time_ns=elapsed)
         return out
 
     def depart(self) -> None:
@@ -442,8 +430,7 @@ class Follower(Recorder):
             frame = records[index]
             if type(frame) is list:
                 rec = template[index]
-                records[index] = rec[:R_FRAME] + (frame,) + rec[R_FRAME + 1:R_TIME] + (
-                    self.times[index - start],) + rec[R_TIME + 1:]
+                records[index] = rec._replace(frame=frame, time_ns=self.times[index - start])
 
     def finish(self, start_ns: int, failed: bool = False) -> Followed | None:
         """A step that kept to the graph to its end (the same inputs, ops and outputs): its

@@ -13,21 +13,22 @@ from __future__ import annotations
 import dataclasses
 from array import array
 from itertools import compress
-from operator import itemgetter, ne
+from operator import ne
 from typing import Any
 
 import torch
 
 from ..capabilities import lookup
 from ..capture.engine import raw_records, record_costs
+from ..capture.record import fields
 from ..errors import StepError
 from ..trace import Trace
 from .follow import HOLD_BYTES, costs, followable, graph_bytes
 
-_KEY = itemgetter(0, 3, 4, 6, 10, 11, 15)  # function, params, buffers, dtype, in place, view, kind
-_FRAME = itemgetter(1)
-_PARENTS = itemgetter(2)
-_TIME = itemgetter(13)
+_KEY = fields("func", "params", "buffers", "dtype", "inplace", "is_view", "kind")
+_FRAME = fields("frame")
+_PARENTS = fields("parents")
+_TIME = fields("time_ns")
 
 
 def signature(records: list) -> tuple[tuple, list]:
