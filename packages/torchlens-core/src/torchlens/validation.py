@@ -20,6 +20,7 @@ from .capture.engine import capture
 from .capture.inference import outside_inference_mode
 from .capture.policy import pinned
 from .capture.replay import RANDOM_FUNCS, autocast_of, fresh_first, op_refs, resolve_template
+from .capture.seam import CaptureRequest, Part
 from .capture.transforms import call_batched, in_front
 from .errors import InputError, TorchLensError
 from .ladder import ABSENT
@@ -34,6 +35,20 @@ _GRAPH_FUNCS = {
     torch._make_dual: "a forward-mode AD dual number, which lives in its dual level only",
     torch._unpack_dual: "a forward-mode AD dual number, which lives in its dual level only",
 }
+
+
+class Replay(Part):
+    """Validation's part: the capture keeps each op's call, live output, version and output
+    gradient, to replay and compare."""
+
+    needs = frozenset({"live"})
+
+    def __init__(self) -> None:
+        self.kept: dict[str, Any] = {}
+
+    def finish(self, trace: Any, session: Any) -> None:
+        """Take what the capture kept, to replay."""
+        self.kept = session.kept()
 
 
 @dataclass
@@ -124,11 +139,12 @@ def _capture(model, x, input_kwargs, input_shape, verb: str, grad: bool, options
                    "tl.debug.guess_input_shape(model)  # to find a shape that runs"])
     res = resolve_for(model, x, input_kwargs=input_kwargs, input_shape=input_shape,
                       surface=surface, options=input_options(**options), probe=None, inv=inv)
+    replay = Replay()
     with pinned(model, surface, grad=grad, inv=res.inventory):
-        result = capture(model, res.args, res.kwargs, save="all", replay=True,
-                         inv=res.inventory)
+        result = capture(CaptureRequest(model, res.args, res.kwargs, save="all",
+                                        inventory=res.inventory), [replay])
     result.provenance = res.provenance
-    return result
+    return result, replay.kept
 
 
 @outside_inference_mode
@@ -138,9 +154,9 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *,
                           processor: Any = None, preprocess: Any = None) -> ValidationReport:
     """Replay every op from its saved parents and compare with its saved output. The input is
     taken as ``tl.trace`` takes it."""
-    trace = _capture(model, x, input_kwargs, input_shape, "validate_forward_pass", False,
+    trace, kept = _capture(model, x, input_kwargs, input_shape, "validate_forward_pass", False,
                      {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess})
-    calls, casts, orders = (trace._replay[k] for k in ("calls", "autocast", "orders"))
+    calls, casts, orders = (kept[k] for k in ("calls", "autocast", "orders"))
     saved = {op.index: op._value for op in trace.ops if op.saved}
     report = ValidationReport("forward", provenance=trace.provenance)
     with torch.no_grad():
@@ -193,10 +209,10 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *,
     bfloat16 or float16 they are compared by norm, ``|got - ref| <= atol + rtol * |ref|``, at
     that dtype's default tolerance (``report.tolerance`` says which); else element by element,
     by default at ``rtol=1e-4, atol=1e-6``."""
-    trace = _capture(model, x, input_kwargs, input_shape, "validate_backward_pass", True,
+    trace, kept = _capture(model, x, input_kwargs, input_shape, "validate_backward_pass", True,
                      {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess})
-    live, calls = trace._replay["live"], trace._replay["calls"]
-    outputs = [t for t in tensors_in(trace._replay["output"], []) if t.requires_grad
+    live = kept["live"]
+    outputs = [t for t in tensors_in(kept["output"], []) if t.requires_grad
                and (t.is_floating_point() or t.is_complex())]
     if not outputs:
         raise TorchLensError(
@@ -218,13 +234,13 @@ def validate_backward_pass(model: nn.Module, x: Any = ABSENT, /, *,
                                        retain_graph=True)
     # a tensor hook sees the gradient of the value as the op produced it, also when a later
     # in-place op rebased the tensor; plain autograd.grad only sees the final version
-    hooked = trace._replay["grads"]
+    hooked = kept["grads"]
     reference = [hooked.get((op.index, pos), g) for (op, pos, _), g in zip(targets, computed)]
-    ours, blocked = _graph_grads(trace, calls, model, live, outputs)
+    ours, blocked = _graph_grads(trace, kept, model, live, outputs)
     tolerance = _grad_tolerance(trace, rtol, atol)
     rtol, atol, by_norm = tolerance["rtol"], tolerance["atol"], tolerance["measure"] == "norm"
     report = ValidationReport("backward", provenance=trace.provenance, tolerance=tolerance)
-    versions, orders = trace._replay["versions"], trace._replay["orders"]
+    versions, orders = kept["versions"], kept["orders"]
     # tensors several ops returned (``x.to(x.dtype)`` returns ``x``): autograd has one gradient
     # for the tensor, from all its reads, where the recorded graph gives each op its own reads
     reads = Counter(id(t) for _, _, t in targets)
@@ -295,7 +311,7 @@ def _grad_tolerance(trace, rtol: float | None, atol: float | None) -> dict[str, 
             "why": f"ops ran in {half}: autograd and the replay round their sums differently"}
 
 
-def _graph_grads(trace, calls, model, live, outputs
+def _graph_grads(trace, kept, model, live, outputs
                  ) -> tuple[dict[tuple[int, int], torch.Tensor], dict[int, str]]:
     """Gradients of sum(outputs) w.r.t. every op output using only the recorded graph: each op
     is replayed on detached copies of its parents' saved values and its vector-Jacobian product
@@ -304,7 +320,7 @@ def _graph_grads(trace, calls, model, live, outputs
     with that op's label."""
     saved = {op.index: op._value for op in trace.ops if op.saved}
     where = {id(t): (i, pos) for i, v in live.items() for pos, t in enumerate(_tensors(v))}
-    orders, casts = trace._replay["orders"], trace._replay["autocast"]
+    calls, orders, casts = kept["calls"], kept["orders"], kept["autocast"]
     made_by = None  # (grad_fn, output_nr) -> (op index, position), made on first use
     grads: dict[tuple[int, int], torch.Tensor] = {}
     blocked: dict[int, str] = {}

@@ -22,7 +22,9 @@ from .capture.entry import (
 )
 from .capture.inference import outside_inference_mode
 from .capture.policy import pinned, state_fingerprints, state_hash
+from .capture.seam import CaptureRequest
 from .edits.plan import EditPlan, plan_edits
+from .edits.push import TemplateKeeper
 from .errors import InputTypeError, StateError, TorchLensError, warn
 from .grads.plan import needing_grad, plan_grads
 from .grads.targets import summed_output
@@ -74,7 +76,8 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     parse_save(save, model, inv)
     plan = plan_edits(edits, inv, model, allow_unfired, "trace")
     grads = plan_grads(save_grads, grad_edits, inv, model)
-    templates = intervention_ready and save == "all"  # what trace.push recomputes from
+    # what trace.push recomputes from: each op's call
+    keeper = TemplateKeeper() if intervention_ready and save == "all" else None
     if intervention_ready and inv.lazy:
         raise StateError(
             "intervention_ready=True needs a state baseline, but "
@@ -92,15 +95,15 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     if grads is not None:  # a capture of its own, in the caller's grad mode
         args, kwargs = needing_grad(res.args, res.kwargs)
         with forward_errors(res, "trace"):
-            result = capture(model, args, kwargs, save=save, inv=res.inventory, edits=plan,
-                             templates=templates, grads=grads)
+            result = capture(CaptureRequest(model, args, kwargs, save=save,
+                                            inventory=res.inventory), _parts(plan, grads, keeper))
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     elif res.verified is not None:
         result = res.verified
         if not saves_nothing(save) or plan is not None:
             check_save_budget(res.provenance, save)
             result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace",
-                                    edits=plan, templates=templates)
+                                    parts=_parts(plan, keeper))
             res.provenance["recapture"] = {
                 "reason": f"save={save!r} is not satisfied by the metadata-only verified capture"
                 if plan is None else "edits= apply to a capture of their own",
@@ -108,8 +111,8 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
             }
     else:
         with forward_errors(res, "trace"):
-            result = capture(model, res.args, res.kwargs, save=save, inv=res.inventory,
-                             edits=plan, templates=templates)
+            result = capture(CaptureRequest(model, res.args, res.kwargs, save=save,
+                                            inventory=res.inventory), _parts(plan, keeper))
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
     _note_edits(result, plan)
@@ -124,6 +127,11 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     if grads is not None:
         result.meta["options"]["save_grads"] = grads.texts
     return result
+
+
+def _parts(*parts: Any) -> list:
+    """The parts a capture takes, those given (edits first, so observers see edited values)."""
+    return [p for p in parts if p is not None]
 
 
 def _note_edits(result: Trace, plan: EditPlan | None) -> None:
@@ -151,7 +159,7 @@ def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, inp
     if result is None or plan is not None:
         with forward_errors(res, surface):
             result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface,
-                                    warmup=warmup, inv=res.inventory, edits=plan)
+                                    warmup=warmup, inv=res.inventory, parts=_parts(plan))
     result.provenance = res.provenance
     _note_edits(result, plan)
     result._objects.update({"model": model, "rerun": rerun, **res.objects})

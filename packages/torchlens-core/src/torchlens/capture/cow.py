@@ -24,7 +24,7 @@ from .transforms import is_wrapped, unwrapped
 
 _SETITEM = Tensor.__setitem__
 SET_DATA = Tensor.data.__set__  # a method-wrapper: compare with ==, a new one each access
-_writers: dict[Any, Any] = {}  # callable -> how it writes (see _writer_of); cached per callable
+WRITERS: dict[Any, Any] = {}  # callable -> how it writes (see _writer_of); cached per callable
 
 
 def storage_key(t: Tensor) -> int:
@@ -67,7 +67,7 @@ def _writer_of(func: Any) -> Any:
 def may_write(func: Any, kwargs: dict) -> bool:
     """A cheap first test: False means ``written_by`` would find nothing."""
     try:
-        how = _writers[func]
+        how = WRITERS[func]
     except (KeyError, TypeError):
         return True
     return how is not None or "out" in kwargs
@@ -76,9 +76,9 @@ def may_write(func: Any, kwargs: dict) -> bool:
 def written_by(func: Any, args: tuple, kwargs: dict) -> list[Tensor]:
     """The tensors ``func(*args, **kwargs)`` is about to write into (best known; see module)."""
     try:
-        how = _writers[func]
+        how = WRITERS[func]
     except KeyError:
-        how = _writers[func] = _writer_of(func)
+        how = WRITERS[func] = _writer_of(func)
     except TypeError:  # an unhashable callable
         how = _writer_of(func)
     found: list[Tensor] = []

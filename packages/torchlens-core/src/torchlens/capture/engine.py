@@ -12,7 +12,7 @@ import functools
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from math import prod
 from typing import Any
 
@@ -42,7 +42,7 @@ from .recorder import (
     TemplateRecorder,
     snapshot,
 )
-from .seam import combine
+from .seam import CaptureRequest, Part, Session, combine
 from .watch import note_writes, write_guard
 
 _active = threading.local()
@@ -89,118 +89,101 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
     return False, labels, modules
 
 
-def capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any = "all",
-            provenance: dict | None = None, replay: bool = False,
-            inv: Inventory | None = None, edits: Any = None, templates: bool = False,
-            grads: Any = None, keep_output: bool = False, recorder: Any = None,
-            frames: Any = None) -> Trace:
-    """Run ``model(*args, **kwargs)`` once under the recorder and return its Trace.
-
-    ``replay=True`` also keeps each op's call template and live output (for validation) in
-    ``trace._replay`` — memory-hungry, never saved. ``inv`` is the model's inventory when the
-    caller took it just before. ``edits``: an ``edits.EditPlan`` applied through the seam; its
-    proof of firing goes to ``trace.meta["edits"]``, and a site that never fired refuses.
-    ``templates=True`` keeps each op's call template (and the ops a Python decision read) in
-    ``trace._objects["templates"]``, for ``trace.push``. ``grads``: a ``grads.GradPlan`` whose
-    observer shares the seam; its state (with the live output) goes to
-    ``trace._objects["grads"]``, for ``trace.backward``. ``keep_output``: what the forward
-    returned, as it returned it, in ``trace._objects["forward_output"]`` (a step's caller
-    needs it: a generation loop reads the logits and the cache). ``recorder``: makes the
-    recorder from the capture's state (default: ``Recorder``); when its ``finish()`` returns
-    something (a step run's ``Follower`` that found the step's graph equal to the one it
-    followed), the capture returns that, with the forward's output as its ``.output``, instead
-    of a Trace. ``frames``: a ``boundaries.Kept`` whose module frames stay installed from one
-    capture to the next (a step run's), instead of frames installed for this capture alone.
-    """
+def capture(request: CaptureRequest, parts: Sequence[Part] = ()) -> Trace:
+    """Run ``request.model(*request.args, **request.kwargs)`` once under the recorder, with
+    ``parts`` taking part (``seam``: the protocol and its call order), and return its Trace."""
     with paused():
-        return _capture(model, args, kwargs, save, provenance, replay, inv or inventory(model),
-                        edits, templates, grads, keep_output, recorder, frames)
+        return _capture(request, list(parts))
 
 
-def _capture(model, args, kwargs, save, provenance, replay, inv: Inventory, plan=None,
-             templates=False, grads=None, keep_output=False, make_recorder=None,
-             kept=None) -> Trace:
+def _capture(request: CaptureRequest, parts: list) -> Trace:
+    model, args, kwargs, save = request.model, request.args, request.kwargs, request.save
+    inv = request.inventory or inventory(model)
     save_all, save_labels, save_modules = parse_save(save, model, inv)
     # the inventory's id tables (each capture takes its own inventory, so they are its to grow)
     state = CaptureState(inv.param_ids, inv.buffer_ids, save_all, save_labels)
     state.keep_outputs = not saves_nothing(save)
     state.model = model
     state.guard = write_guard()  # inside a pinned block: parameters copied before a write
-    seam = combine(plan, grads.observer if grads is not None else None)
+    needs = frozenset().union(*(p.needs for p in parts))
+    seam = combine(parts)
     if seam is not None:
         _plug(state, seam)
-    if replay:
+    if "live" in needs:
         state.calls, state.live = {}, {}
     else:
-        if templates:
+        if "templates" in needs:
             state.calls = {}
         if save_all or save_labels:
             state.held = Held(state.values)
-    calls: list[list] = []  # finished module calls (their frames)
     _add_inputs(state, args, kwargs)
-    if grads is not None:  # the inputs are sites too (input_1, ...): no op makes them
-        grads.observer.inputs(state, [t for _, t in _input_leaves(args, kwargs)])
-    structure = None
+    session = Session(request, state, [t for _, t in _input_leaves(args, kwargs)])
+    calls = session.calls
+    for part in parts:
+        part.start(session)
     offloaded = inv.hooked
     no_values = inv.has_meta and is_meta(model)
-    recorder = (make_recorder or (TemplateRecorder if templates else Recorder))(state)
+    recorder = (TemplateRecorder if "decisions" in needs else Recorder)(state)
+    leader = None
+    mode = recorder
+    for part in parts:
+        led = part.lead(recorder, session)
+        if led is not None:
+            leader, mode = part, led
+    kept = request.frames
     handles = install_boundaries(inv.modules, state, calls, save_modules, seam) if kept is None \
         else kept.open(inv.modules, state, calls, save_modules, seam)  # removed below
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
+    live = "output" in needs or request.keep_output
     try:
-        with quiet_hooks(model, offloaded, state), eager(), recorder:
+        with quiet_hooks(model, offloaded, state), eager(), mode:
             out = model(*args, **kwargs)
-        structure = _output_node(state, out, "", 0, [0])
-        live = out if grads is not None or keep_output else None
-        if not replay:
-            del out  # what the forward returned is copied; let its graph go before settling
+        session.structure = _output_node(state, out, "", 0, [0])
+        if live or "live" in needs:
+            session.output = out
+        del out  # what the forward returned is copied; let its graph go before settling
     except BaseException as exc:
         _active.depth -= 1
         _close(handles, kept)
-        recorder.finish(t0, failed=True)
+        session.failed = True
+        session.capture_ns = time.perf_counter_ns() - t0
+        for part in parts:
+            part.end(session)
         note_writes(state.writes)
         lost = _settle(state, inv, args, kwargs)
         state.real.clear()  # what torch.vmap's ops made, held until now
         partial = _build(model, inv, state, calls, None, time.perf_counter_ns() - t0, save,
-                         provenance, is_partial=True)
+                         request.provenance, is_partial=True)
         _report_lost(partial, lost)
-        if plan is not None:
-            _mark_edited(partial, plan)
+        for part in parts:
+            part.finish(partial, session)
         _attach_failure(exc, state, partial)
         if no_values and (state.failure is not None or is_value_error(exc)):
             raise op_unsupported(exc, state.failure, partial) from exc
         raise
     _active.depth -= 1
     _close(handles, kept)
-    followed = recorder.finish(t0)
-    if followed is not None:
-        followed.output, followed.calls, followed.structure = live, calls, structure
-        return followed
-    note_writes(state.writes)
-    lost = _settle(state, inv, args, kwargs)
-    state.real.clear()  # what torch.vmap's ops made, held until now
-    _check_selection(state.records, save_labels)
-    result = _build(model, inv, state, calls, structure, time.perf_counter_ns() - t0, save,
-                    provenance, homes=homes(model, offloaded) if offloaded else None)
-    _report_lost(result, lost)
-    if plan is not None:
-        _mark_edited(result, plan)
-        plan.refuse_unfired(result)
-    if no_values:
-        result.meta["values"] = "meta"  # shapes and costs only: no tensor holds values
-    result._objects["output_values"] = state.output_objects
-    if grads is not None:
-        result._objects["grads"] = grads.state(live, model)
-    if keep_output:
-        result._objects["forward_output"] = live
-    if templates:
-        result._objects["templates"] = {"calls": state.calls, "autocast": state.autocast,
-                                        "orders": state.orders, "decided": state.decided}
-    if replay:
-        result._replay = {"calls": state.calls, "live": state.live, "output": out,
-                          "grads": state.grads, "versions": state.versions,
-                          "orders": state.orders, "autocast": state.autocast}
+    session.capture_ns = time.perf_counter_ns() - t0
+    for part in parts:
+        part.end(session)
+    result = leader.trace(session) if leader is not None else None
+    if result is None:
+        note_writes(state.writes)
+        lost = _settle(state, inv, args, kwargs)
+        state.real.clear()  # what torch.vmap's ops made, held until now
+        _check_selection(state.records, save_labels)
+        result = _build(model, inv, state, calls, session.structure, session.capture_ns, save,
+                        request.provenance,
+                        homes=homes(model, offloaded) if offloaded else None)
+        _report_lost(result, lost)
+        if no_values:
+            result.meta["values"] = "meta"  # shapes and costs only: no tensor holds values
+        result._objects["output_values"] = state.output_objects
+    if request.keep_output:
+        result._objects["forward_output"] = session.output
+    for part in parts:
+        part.finish(result, session)
     return result
 
 
@@ -211,17 +194,6 @@ def _close(handles: list, kept: Any) -> None:
             h.remove()
     else:
         kept.close(handles)
-
-
-def raw_records(trace: Trace) -> tuple[list, dict, list] | None:
-    """The records, kept values and finished module calls (their frames) of a capture not yet
-    materialized (None once it is): what a step run compares and keeps of a step whose graph
-    an earlier step already has."""
-    pending = trace._pending
-    if pending is None or not isinstance(pending, functools.partial):
-        return None
-    state, calls = pending.args[:2]
-    return state.records, state.values, calls
 
 
 def record_costs(record: tuple, weight_shape: Callable[[str], Any]) -> tuple:
@@ -246,11 +218,6 @@ def _plug(state: CaptureState, plan: Any) -> None:
     if plan.ops:
         state.seam = plan
         state.labelled = True
-
-
-def _mark_edited(trace: Trace, plan: Any) -> None:
-    """What was asked and what fired, in the trace's meta (saved with it)."""
-    trace.meta["edits"] = {"specs": plan.specs(), "fired": plan.rows()}
 
 
 def _settle(state: CaptureState, inv: Inventory, args: tuple, kwargs: dict) -> list[int]:

@@ -3,6 +3,7 @@ the input ladder, and the capture pinned to eval + no-grad with the model's stat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
@@ -16,6 +17,7 @@ from .inference import ordinary, refuse_inference_parameters
 from .inventory import Inventory, inventory
 from .meta import check_inputs, refuse_values
 from .policy import pinned, state_fingerprints, warm_up
+from .seam import CaptureRequest, Part
 
 LAZY_TEACH = [
     "with torch.no_grad(): model(x)  # materialize outside capture, then re-run the verb",
@@ -79,7 +81,7 @@ def refuse_scripted(scripted: list[str], surface: str) -> None:
 
 def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, surface: str,
                    warmup: bool = False, inv: Inventory | None = None,
-                   edits: Any = None, templates: bool = False) -> Trace:
+                   parts: Sequence[Part] = ()) -> Trace:
     """One capture in eval + no-grad with state restored; the receipt rides on the trace.
     ``warmup``: one uncaptured forward first, inside the same pinning, so one-time setup is not
     timed as a layer's cost (disclosed in ``trace.meta["timing"]``). ``inv``: the model's
@@ -89,8 +91,8 @@ def pinned_capture(model: nn.Module, args: tuple, kwargs: dict, *, save: Any, su
         timing = warm_up(model, args, kwargs, inv) if warmup else None
         if timing and timing.get("warmup_forwards"):
             box["reset"]()  # the capture describes the call the caller would make next
-        result = capture(model, args, kwargs, save=save, inv=None if timing and timing.get(
-            "warmup_forwards") else inv, edits=edits, templates=templates)
+        result = capture(CaptureRequest(model, args, kwargs, save=save, inventory=None if (
+            timing and timing.get("warmup_forwards")) else inv), parts)
     result.receipt = box["receipt"]
     result.meta["receipt"] = box["receipt"].as_dict()
     if timing is not None:

@@ -30,7 +30,7 @@ UninitializedTensorMixin = torch.nn.parameter.UninitializedTensorMixin
 _ref = weakref.ref
 
 # Calls that never return a tensor and never mutate: skipped before any bookkeeping.
-_PASSTHROUGH = {
+PASSTHROUGH = {
     Tensor.size, Tensor.dim, Tensor.numel, Tensor.__len__, Tensor.stride, Tensor.__repr__,
     Tensor.__format__, Tensor.item, Tensor.tolist, Tensor.__bool__, Tensor.__int__,
     Tensor.__float__, Tensor.__index__, Tensor.is_contiguous, Tensor.data_ptr,
@@ -51,7 +51,7 @@ _ESCAPES = {Tensor.numpy, Tensor.__array__, Tensor.untyped_storage, Tensor.stora
 _SETITEM = Tensor.__setitem__
 _AUTOCAST = ("cpu", "cuda")  # device types whose autocast regions validation replays
 _NONE: tuple = ()
-_EMPTY: dict = {}  # kwargs of a call without any (never written)
+EMPTY: dict = {}  # kwargs of a call without any (never written)
 # calls whose output shares its input's storage without being a view in autograd's sense
 # (``view(dtype)`` is not one)
 _ALIASES = frozenset({"detach", "data", "alias", "set_", "view"})
@@ -152,6 +152,63 @@ class CaptureState:
         if isinstance(value, dict) and depth < 3:
             return {k: self.template(v, depth + 1) for k, v in value.items()}
         return value
+
+    def edges(self, args: tuple, kwargs: dict, tensors: dict) -> tuple | None:
+        """(parents, parameters, buffers) a call read: the producers of its tensor arguments
+        (their indices, through ``tensors``; one producer as the index itself), and the names
+        of the parameters and buffers among them. None: a lazy module materializing itself,
+        which is no op of the model."""
+        param_ids, buffer_ids = self.param_ids, self.buffer_ids
+        inputs = _inputs(args, kwargs) if kwargs else args
+        while True:  # runs once, twice when a positional argument is a sequence holding tensors
+            parents: list[int] = []
+            params = buffers = _NONE
+            for t in inputs:
+                if type(t) is not Tensor and not isinstance(t, Tensor):
+                    if inputs is args and isinstance(t, (tuple, list)) and \
+                            not _SCALARS.issuperset(map(type, t)):
+                        inputs = _inputs(args, kwargs)
+                        break
+                    continue
+                key = id(t)
+                p = param_ids.get(key)
+                if p is not None:
+                    params = params + (p,)
+                    if not self.writes and key not in tensors:
+                        continue  # no op returned it (``w.float()`` can) nor wrote it in place
+                elif buffer_ids:
+                    b = buffer_ids.get(key)
+                    if b is not None:
+                        buffers = buffers + (b,)
+                if p is None and type(t) is not Tensor and isinstance(t, Parameter) and \
+                        self.model is not None and key not in buffer_ids:
+                    if isinstance(t, UninitializedTensorMixin):
+                        return None
+                    adopted = self.adopt_parameter(t)
+                    if adopted is not None:
+                        params = params + (adopted,)
+                entry = tensors.get(key)
+                if entry is not None and entry[1]() is t:
+                    # a parameter or buffer written in place in the forward reads from its writer
+                    index = entry[0] if not self.writes or t._version == entry[2] else \
+                        self.producer(t)
+                    if index not in parents:
+                        parents.append(index)
+                elif p is None and key not in buffer_ids:  # no op made it, or a transform's
+                    # wrapper of one that an op made
+                    index = self.unseen(t)
+                    if index is not None and index not in parents:
+                        parents.append(index)
+            else:
+                break
+        return (parents[0] if len(parents) == 1 else parents), params, buffers
+
+    def made_by(self, t: Tensor) -> tuple[int, int] | None:
+        """(record index, output position) of the op that returned ``t`` as it is, or None."""
+        entry = self.tensors.get(id(t)) if self.tensors else None
+        if entry is None or entry[1]() is not t:
+            return None
+        return entry[0], entry[3]
 
     def producer(self, t: Tensor) -> int | None:
         entry = self.tensors.get(id(t))
@@ -328,20 +385,16 @@ class Recorder(TorchFunctionMode):
         super().__init__()
         self.state = state
 
-    def finish(self, start_ns: int, failed: bool = False) -> Any:
-        """Called once the forward is over (or has failed), before its records are read: a
-        recorder that keeps less than a Trace returns what it kept; this one, None."""
-        return None
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Everything here runs between two ops of the user's forward, where the CPU caches are
         # cold: it keeps only what cannot be derived after the forward (edges, facts of tensors
-        # that may die, the module frame, the time), inline rather than through helpers.
+        # that may die, the module frame, the time). Its edges and costs are ``edges`` and
+        # ``costs``, which a step follower's check shares (``record_ran``).
         s = self.state
-        if func in _PASSTHROUGH or s.suspended:
+        if func in PASSTHROUGH or s.suspended:
             return func(*args, **kwargs) if kwargs else func(*args)
         if kwargs is None:
-            kwargs = _EMPTY
+            kwargs = EMPTY
         if (s.guard is not None or s.held is not None and s.held.entries) and \
                 may_write(func, kwargs):
             targets = written_by(func, args, kwargs)
@@ -357,7 +410,7 @@ class Recorder(TorchFunctionMode):
         try:
             out = func(*args, **kwargs) if kwargs else func(*args)
         except BaseException as exc:
-            self._note_failure(func, args, kwargs, exc)
+            self.note_failure(func, args, kwargs, exc)
             raise
         elapsed = perf_counter_ns() - t0
         if type(out) is Tensor:
@@ -372,52 +425,12 @@ class Recorder(TorchFunctionMode):
             if len(out_tensors) == 1 and not main.is_nested:  # (a ragged one: bytes counted now)
                 out_tensors = None
         name = _names.get(func) or func_name(func)
-        tensors, param_ids, buffer_ids = s.tensors, s.param_ids, s.buffer_ids
-        inputs = _inputs(args, kwargs) if kwargs else args
-        while True:  # runs once, twice when a positional argument is a sequence holding tensors
-            parents: list[int] = []
-            params = buffers = _NONE
-            for t in inputs:
-                if type(t) is not Tensor and not isinstance(t, Tensor):
-                    if inputs is args and isinstance(t, (tuple, list)) and \
-                            not _SCALARS.issuperset(map(type, t)):
-                        inputs = _inputs(args, kwargs)
-                        break
-                    continue
-                key = id(t)
-                p = param_ids.get(key)
-                if p is not None:
-                    params = params + (p,)
-                    if not s.writes and key not in tensors:
-                        continue  # no op returned it (``w.float()`` can) nor wrote it in place
-                elif buffer_ids:
-                    b = buffer_ids.get(key)
-                    if b is not None:
-                        buffers = buffers + (b,)
-                if p is None and type(t) is not Tensor and isinstance(t, Parameter) and \
-                        s.model is not None and key not in buffer_ids:
-                    if isinstance(t, UninitializedTensorMixin):
-                        return out  # a lazy module materializing itself: not an op of the model
-                    adopted = s.adopt_parameter(t)
-                    if adopted is not None:
-                        params = params + (adopted,)
-                entry = tensors.get(key)
-                if entry is not None and entry[1]() is t:
-                    # a parameter or buffer written in place in the forward reads from its writer
-                    index = entry[0] if not s.writes or t._version == entry[2] else \
-                        s.producer(t)
-                    if index not in parents:
-                        parents.append(index)
-                elif p is None and key not in buffer_ids:  # no op made it, or a transform's
-                    # wrapper of one that an op made
-                    index = s.unseen(t)
-                    if index is not None and index not in parents:
-                        parents.append(index)
-            else:
-                break
-        if len(parents) == 1:
-            parents = parents[0]
-        elif not parents and not s.transformed and is_wrapped(main):
+        tensors = s.tensors
+        found = s.edges(args, kwargs, tensors)
+        if found is None:
+            return out  # a lazy module materializing itself: not an op of the model
+        parents, params, buffers = found
+        if parents == [] and not s.transformed and is_wrapped(main):
             s.transformed = True  # an op without inputs can be the first inside a transform
         inplace = main is first and first._version != version_before
         if s.transformed:  # inside a functorch transform (``torch.vmap``), or just out of one
@@ -442,28 +455,11 @@ class Recorder(TorchFunctionMode):
                         main = out_tensors[0]
                         if len(out_tensors) == 1:
                             out_tensors = None
-        if out_tensors is None:
-            out_shapes = nbytes = None
-        else:
-            out_shapes = [t.shape for t in out_tensors]
-            nbytes = sum(t.element_size() * t.numel() for t in out_tensors)
+        shape, out_shapes, nbytes, flops = self.costs(name, args, kwargs, main, out_tensors)
         is_view = not inplace and main._is_view()
-        flops = None
-        if name in FORMULAS:
-            weight = WEIGHT_ARG.get(name)
-            if weight is not None and len(args) > weight[0]:
-                flops = param_ids.get(id(args[weight[0]]))
-            if flops is None:
-                flops = ([a.shape if isinstance(a, Tensor) else a for a in args],
-                         shapes(kwargs) if kwargs else kwargs)
-        try:
-            shape = main.shape
-        except RuntimeError:  # a strided nested tensor has no sizes
-            shape, nbytes = ragged(main)
-            out_shapes = [shape]
         s.records.append(new_record(OpRecord, (
-            name, frame, parents, params, buffers, s.shapes.setdefault(shape, shape), main.dtype,
-            main.device, out_shapes, nbytes, inplace, is_view, flops, elapsed, label, "op", None)))
+            name, frame, parents, params, buffers, shape, main.dtype, main.device, out_shapes,
+            nbytes, inplace, is_view, flops, elapsed, label, "op", None)))
         if s.calls is not None:
             self._keep_for_replay(index, func, args, kwargs, out, out_tensors or [main])
         ref = _ref(main)
@@ -495,6 +491,42 @@ class Recorder(TorchFunctionMode):
                 s.writes.setdefault(storage_key(t), []).append(
                     (index, t.storage_offset(), tuple(t.shape), t.stride()))
         return out
+
+    def costs(self, name: str, args: tuple, kwargs: dict, main: Tensor,
+              outs: list | None) -> tuple:
+        """(shape, out_shapes, nbytes, FLOPs) of a call that ran: its output's shape (each
+        shape once), every output's shape and their bytes when it made several (or a ragged
+        one), and what its FLOPs are counted from (``record.OpRecord``)."""
+        if outs is None:
+            out_shapes = nbytes = None
+        else:
+            out_shapes = [t.shape for t in outs]
+            nbytes = sum(t.element_size() * t.numel() for t in outs)
+        flops = None
+        if name in FORMULAS:
+            weight = WEIGHT_ARG.get(name)
+            if weight is not None and len(args) > weight[0]:
+                flops = self.state.param_ids.get(id(args[weight[0]]))
+            if flops is None:
+                flops = ([a.shape if isinstance(a, Tensor) else a for a in args],
+                         shapes(kwargs) if kwargs else kwargs)
+        try:
+            shape = main.shape
+        except RuntimeError:  # a strided nested tensor has no sizes
+            shape, nbytes = ragged(main)
+            out_shapes = [shape]
+        return self.state.shapes.setdefault(shape, shape), out_shapes, nbytes, flops
+
+    def record_ran(self, tensors: dict, name: str, frame: list, args: tuple, kwargs: dict,
+                   main: Tensor, outs: list | None, elapsed: int) -> OpRecord:
+        """The record of a call that already ran, wrote nothing in place and is no transform's,
+        built as the recorder builds every record (its edges through ``tensors``: the ids of
+        the tensors made so far), without registering it: a step follower's check."""
+        parents, params, buffers = self.state.edges(args, kwargs, tensors)
+        shape, out_shapes, nbytes, flops = self.costs(name, args, kwargs, main, outs)
+        return new_record(OpRecord, (name, frame, parents, params, buffers, shape, main.dtype,
+                                     main.device, out_shapes, nbytes, False, main._is_view(),
+                                     flops, elapsed, None, "op", None))
 
     def _record_real(self, func, name, args, kwargs, out, outs, parents, params, buffers,
                      inplace, elapsed):
@@ -562,7 +594,9 @@ class Recorder(TorchFunctionMode):
                 t.grad_fn  # noqa: B018
                 t.register_hook(partial(_keep_grad, s.grads, (index, position)))
 
-    def _note_failure(self, func, args, kwargs, exc) -> None:
+    def note_failure(self, func: Any, args: tuple, kwargs: dict | None, exc: BaseException
+                     ) -> None:
+        """Where the forward raised: the first call that raised, its inputs and module call."""
         s = self.state
         if s.failure is not None:
             return
@@ -592,7 +626,7 @@ class TemplateRecorder(Recorder):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in _DECIDES and args:
             s = self.state
-            for t in _inputs(args, kwargs or _EMPTY):
+            for t in _inputs(args, kwargs or EMPTY):
                 if isinstance(t, Tensor):
                     index = s.producer(t)
                     if index is not None:
@@ -615,7 +649,7 @@ class LightRecorder(Recorder):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         s = self.state
-        if func in _PASSTHROUGH or s.suspended:
+        if func in PASSTHROUGH or s.suspended:
             return func(*args, **kwargs) if kwargs else func(*args)
         out = func(*args, **kwargs) if kwargs else func(*args)
         name = _names.get(func) or func_name(func)

@@ -18,12 +18,13 @@ from torch._C import DisableTorchFunction
 
 from ..capture.boundaries import leaves
 from ..capture.inventory import Inventory
+from ..capture.seam import Part
 from ..errors import EditError, InputError, InputTypeError, TorchLensError
-from ..sites import Site, nearest_labels, resolve
+from ..sites import Site, call_key, nearest_labels, resolve
 from .values import Edit, Where, as_edit, edit_error, fit, index_text
 
 
-class EditPlan:
+class EditPlan(Part):
     """Resolved edits of one call: op sites by base label, module sites by address."""
 
     def __init__(self, edits: Mapping, inv: Any, model: Any, *, allow_unfired: bool = False,
@@ -106,15 +107,15 @@ class EditPlan:
                 continue
             with DisableTorchFunction():
                 inputs = leaves(args, [])
-                key = f"{address}:{pass_num}"  # the call: a module may run several times
+                key = call_key(address, pass_num)  # the call: a module may run several times
                 where = Where(site.text, None, None, pass_num, address, None, None, inputs, key)
                 before = _pick(output, edit.item, where)
-                entry = state.tensors.get(id(before)) if state.tensors else None
-                producer = entry[0] if entry is not None and entry[1]() is before else None
+                made = state.made_by(before)
+                producer = made[0] if made is not None else None
                 output = self._apply(edit, output, where, producer, inplace=False)
                 after = _pick(output, edit.item, where)
-                if producer is not None and after is not before:
-                    state.substitute(producer, entry[3], after)
+                if made is not None and after is not before:
+                    state.substitute(producer, made[1], after)
         return output
 
     def _apply(self, edit: Edit, out: Any, where: Where, index: int | None,
@@ -147,6 +148,13 @@ class EditPlan:
         return result
 
     # ---- after the forward ------------------------------------------------------------------
+    def finish(self, trace: Any, session: Any) -> None:
+        """What was asked and what fired, in the trace's meta (saved with it); a site that
+        never fired refuses (unless ``allow_unfired``) once the forward ran to its end."""
+        trace.meta["edits"] = {"specs": self.specs(), "fired": self.rows()}
+        if not session.failed:
+            self.refuse_unfired(trace)
+
     def specs(self) -> list[dict[str, Any]]:
         """What the provenance keeps: each site with its edit's description."""
         return [{"site": text, **edit.describe()} for text, edit in _by_text(self.entries)]

@@ -20,6 +20,7 @@ from ..capabilities import provide
 from ..capture.entry import check_baseline
 from ..capture.inventory import inventory
 from ..capture.replay import RANDOM_FUNCS, autocast_of, fresh_first, op_refs, resolve_template
+from ..capture.seam import Part
 from ..capture.transforms import call_batched
 from ..errors import TorchLensError
 from ..trace import Module, ModuleCall, Trace
@@ -30,6 +31,20 @@ from .values import Where
 _DATA_SHAPES = {"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select",
                 "repeat_interleave", "bincount"}
 _INDEXING = {"getitem", "index", "index_select", "index_put", "index_put_", "take"}
+
+
+class TemplateKeeper(Part):
+    """Push's part: the capture keeps each op's call (and the ops whose values a Python
+    decision read), on ``trace._objects["templates"]``, for ``trace.push``."""
+
+    needs = frozenset({"templates", "decisions"})
+
+    def finish(self, trace: Trace, session: Any) -> None:
+        """The calls on the trace, for ``trace.push``."""
+        if not session.failed:
+            kept = session.kept()
+            trace._objects["templates"] = {k: kept[k] for k in ("calls", "autocast", "orders",
+                                                                "decided")}
 
 
 @provide("push")

@@ -12,7 +12,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from ..capture.boundaries import leaves
 from ..capture.seam import EVERY_OP
-from ..sites import Site
+from ..sites import Site, call_key
 
 
 class Slot:
@@ -59,12 +59,12 @@ class GradObserver:
         indices = []
         with DisableTorchFunction():
             for t in leaves(output, []):
-                entry = state.tensors.get(id(t)) if state.tensors else None
-                if entry is not None and entry[1]() is t:
-                    indices.append(entry[0])
-                    if entry[0] not in self.slots:
-                        self._slot(entry[0], entry[3], t)
-        self.calls[f"{address}:{pass_num}"] = indices
+                made = state.made_by(t)
+                if made is not None:
+                    indices.append(made[0])
+                    if made[0] not in self.slots:
+                        self._slot(made[0], made[1], t)
+        self.calls[call_key(address, pass_num)] = indices
         return output
 
     def inputs(self, state: Any, tensors: list[Tensor]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..capture.seam import Part
 from ..edits.values import as_edit
 from ..errors import InputTypeError, grads_unavailable
 from ..sites import Site, resolve
@@ -18,15 +19,27 @@ from .observer import GradObserver
 FORWARD_ONLY = ("patch", "mean", "skip")  # edits whose value comes from a forward
 
 
-class GradPlan:
-    """What a ``save_grads`` capture notes, and what its backward will edit."""
+class GradPlan(Part):
+    """The part of ``save_grads=``: its observer notes the gradient edges of the sites as the
+    forward makes them; the trace keeps them, with the live output, for ``trace.backward``."""
+
+    needs = frozenset({"output"})
 
     def __init__(self, observer: GradObserver, edits: list[tuple[Site, Any]], texts: list[str]):
         self.observer, self.edits, self.texts = observer, edits, texts
+        self.ops, self.modules = observer.ops, observer.modules
+        self.op, self.module = observer.op, observer.module
 
-    def state(self, output: Any, model: torch.nn.Module) -> GradState:
-        return GradState(self.observer, output, self.edits, list(model.parameters()),
-                         self.texts)
+    def start(self, session: Any) -> None:
+        """The inputs are sites too (``input_1``, ...): no op makes them."""
+        self.observer.inputs(session.state, session.inputs)
+
+    def finish(self, trace: Any, session: Any) -> None:
+        """The noted edges and the live output on the trace, for ``trace.backward``."""
+        if not session.failed:
+            trace._objects["grads"] = GradState(
+                self.observer, session.output, self.edits,
+                list(session.request.model.parameters()), self.texts)
 
 
 def plan_grads(save_grads: Any, grad_edits: Any, inv: Any, model: torch.nn.Module

@@ -18,10 +18,30 @@ from typing import Any
 
 from torch import nn
 
+from ..capture.boundaries import Kept
+from ..capture.engine import capture, parse_save, saves_nothing
+from ..capture.entry import checked_inventory
+from ..capture.inventory import inventory
+from ..capture.redirect import Redirect
+from ..capture.seam import CaptureRequest, Part
+from ..edits.plan import plan_edits
 from ..errors import InputTypeError, StepError
+from .follow import Follower
 from .run import StepRun
 
 MARK = "_torchlens_steps"
+
+
+class StepKeeper(Part):
+    """A captured step's part: the raw records, kept values and module calls of a step that
+    did not follow a graph, which its run compares with the graphs it has and shares."""
+
+    raw: tuple | None = None
+
+    def finish(self, trace: Any, session: Any) -> None:
+        """Take the step's raw records, before they are made into ops."""
+        if not session.failed:
+            self.raw = (session.state.records, session.state.values, session.calls)
 
 
 def _selector(at_steps: Any) -> tuple[Callable[[int], bool], list[int]]:
@@ -64,14 +84,6 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
     ``at_steps`` that the block never reached refuses ``steps_not_reached`` when the block ends;
     an exception in the block carries the steps so far as ``err.partial_run``.
     """
-    from ..capture.boundaries import Kept
-    from ..capture.engine import capture, parse_save, saves_nothing
-    from ..capture.entry import checked_inventory
-    from ..capture.inventory import inventory
-    from ..capture.recorder import Recorder
-    from ..capture.redirect import Redirect
-    from ..edits.plan import plan_edits
-    from .follow import Followed, Follower
 
     if not isinstance(model, nn.Module):
         raise InputTypeError(f"tl.steps takes a torch.nn.Module, not {type(model).__name__}",
@@ -102,20 +114,24 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
         nonlocal inv
         if inv is None:  # the previous step created parameters: read the model again
             inv = inventory(model)
+        keeper = StepKeeper()
+        parts = [p for p in (plan, keeper) if p is not None]
         graph = run.follow() if plan is None and saves_nothing(save) else None
-        follower = None if graph is None else (lambda state: Recorder(state) if state.guard
-                                               is not None else Follower(state, *graph[1:]))
-        trace = capture(model, args, kwargs, save=save, inv=dataclasses.replace(
-            inv, param_ids=dict(inv.param_ids)), edits=plan, keep_output=True, recorder=follower,
-            frames=kept)
-        if isinstance(trace, Followed):  # the step kept to the graph of the one before
-            run.add_followed(index, graph[0], trace)
-            return trace.output
+        follower = None
+        if graph is not None:  # follow the graph of the step before
+            follower = Follower(*graph[1:], kept=lambda followed: run.add_followed(
+                index, graph[0], followed))
+            parts.append(follower)
+        own = dataclasses.replace(inv, param_ids=dict(inv.param_ids))
+        trace = capture(CaptureRequest(model, args, kwargs, save=save, inventory=own,
+                                       keep_output=True, frames=kept), parts)
+        out = trace._objects.pop("forward_output")
+        if follower is not None and follower.outcome is not None:  # it kept to the graph
+            return out
         if trace.annotations.get("capture_advisories"):
             inv = None
-        out = trace._objects.pop("forward_output")
         trace.meta["step"] = index
-        run.add(index, trace)
+        run.add(index, trace, keeper.raw)
         return out
 
     model.__dict__[MARK] = run

@@ -24,21 +24,14 @@ from typing import Any
 from weakref import ref as _ref
 
 import torch
+from torch.overrides import TorchFunctionMode
 
-from ..capture.cow import _writers, written_by
-from ..capture.flops import FORMULAS, WEIGHT_ARG, shapes
+from ..capture.cow import WRITERS, written_by
 from ..capture.naming import NAMES as _names
 from ..capture.naming import func_name
-from ..capture.record import OpRecord, fields
-from ..capture.recorder import (
-    _EMPTY,
-    _NONE,
-    _PASSTHROUGH,
-    _SCALARS,
-    Recorder,
-    _inputs,
-    tensor_outputs,
-)
+from ..capture.record import fields
+from ..capture.recorder import EMPTY, PASSTHROUGH, tensor_outputs
+from ..capture.seam import Part
 from ..capture.transforms import is_wrapped
 
 Tensor = torch.Tensor
@@ -150,8 +143,10 @@ class _Ran:
         return self.out
 
 
-class Follower(Recorder):
-    """Records a step by following ``template`` (the records of a graph an earlier step had).
+class Follower(TorchFunctionMode, Part):
+    """The step follower, a part that leads its capture: records a step by following
+    ``template`` (the records of a graph an earlier step had), handing what departs from it to
+    the recorder.
 
     ``hold``: each op only keeps what it was called with and returned, until the step ends,
     and the ops are checked against the graph then, together (a check between two ops, where
@@ -159,41 +154,52 @@ class Follower(Recorder):
     and a step whose tensors flowed as an earlier one's needs no check per op at all); without
     it each op is checked as it runs, and nothing is held (``HOLD_BYTES``).
     ``known``: what the followers of this graph found so far (``_settle``); ``made``: the
-    bytes the graph's ops made."""
+    bytes the graph's ops made. ``kept(followed)``: the Trace of a step that kept to the graph
+    to its end (``Followed``: its times and the records whose costs differ), which the capture
+    returns; ``outcome`` holds the ``Followed`` then (else None)."""
 
-    def __init__(self, state: Any, template: list, hold: bool = True,
-                 known: dict | None = None, made: int = 0):
-        super().__init__(state)
-        self.template = template
+    def __init__(self, template: list, hold: bool = True, known: dict | None = None,
+                 made: int = 0, kept: Any = None):
+        super().__init__()
+        self.template, self.hold, self.made, self.kept = template, hold, made, kept
+        self.known = {} if known is None else known
+        self.outcome: Followed | None = None
+
+    def lead(self, recorder: Any, session: Any) -> Follower | None:
+        """Lead the capture, unless it runs in a pinned block (whose writes the recorder
+        guards)."""
+        state = session.state
+        if state.guard is not None:
+            return None
+        self.recorder, self.state = recorder, state
         self.start = len(state.records)  # the step's inputs are recorded before the forward
         self.times: list[int] = []
         self.changed: list[int] = []
         self.following = True
         self.departed = False
-        self.held: list | None = [] if hold else None
+        self.held: list | None = [] if self.hold else None
         self.entries = dict(state.tensors)  # the inputs' (the held check's own id table)
-        self.known = {} if known is None else known
-        self.made = made
         self.held_bytes: int | None = None  # known when it held them
         self.flow: tuple | None = None
+        return self
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         s = self.state
-        if func in _PASSTHROUGH or s.suspended:
+        if func in PASSTHROUGH or s.suspended:
             return func(*args, **kwargs) if kwargs else func(*args)
         if not self.following:
-            return Recorder.__torch_function__(self, func, types, args, kwargs)
-        if (_writers.get(func, _UNKNOWN) is not None or kwargs and "out" in kwargs) and \
-                written_by(func, args, kwargs or _EMPTY):
+            return self.recorder.__torch_function__(func, types, args, kwargs)
+        if (WRITERS.get(func, _UNKNOWN) is not None or kwargs and "out" in kwargs) and \
+                written_by(func, args, kwargs or EMPTY):
             # a call that writes: recorded from before it runs, the ops before it checked first
             self.depart()
-            return Recorder.__torch_function__(self, func, types, args, kwargs)
+            return self.recorder.__torch_function__(func, types, args, kwargs)
         t0 = perf_counter_ns()
         try:
             out = func(*args, **kwargs) if kwargs else func(*args)
         except BaseException as exc:
             self.depart()
-            self._note_failure(func, args, kwargs, exc)
+            self.recorder.note_failure(func, args, kwargs, exc)
             raise
         elapsed = perf_counter_ns() - t0
         if type(out) is Tensor:
@@ -237,75 +243,6 @@ class Follower(Recorder):
         if not self.following:
             self.depart()
         return out
-
-    def _own(self, tensors: dict, name: str, frame: list, args: tuple, kwargs: dict | None,
-             main: Tensor, outs: list | None, elapsed: int) -> tuple:
-        """The record the recorder makes of a call that ran, wrote nothing in place and is no
-        transform's (what a followed op is): ``tensors`` maps the ids of the tensors made so far
-        to their entries."""
-        s = self.state
-        param_ids, buffer_ids = s.param_ids, s.buffer_ids
-        inputs = _inputs(args, kwargs) if kwargs else args
-        while True:  # runs once, twice when a positional argument is a sequence holding tensors
-            parents: Any = []
-            params = buffers = _NONE
-            for t in inputs:
-                if type(t) is not Tensor and not isinstance(t, Tensor):
-                    if inputs is args and isinstance(t, (tuple, list)) and \
-                            not _SCALARS.issuperset(map(type, t)):
-                        inputs = _inputs(args, kwargs)
-                        break
-                    continue
-                key = id(t)
-                p = param_ids.get(key)
-                if p is not None:
-                    params = params + (p,)
-                    if key not in tensors:
-                        continue
-                elif buffer_ids:
-                    b = buffer_ids.get(key)
-                    if b is not None:
-                        buffers = buffers + (b,)
-                if p is None and type(t) is not Tensor and isinstance(t, Parameter) and \
-                        key not in buffer_ids:  # a parameter the forward made
-                    adopted = s.adopt_parameter(t)
-                    if adopted is not None:
-                        params = params + (adopted,)
-                entry = tensors.get(key)
-                if entry is not None and entry[1]() is t:
-                    if entry[0] not in parents:
-                        parents.append(entry[0])
-                elif p is None and key not in buffer_ids:
-                    found = s.unseen(t)
-                    if found is not None and found not in parents:
-                        parents.append(found)
-            else:
-                break
-        if len(parents) == 1:
-            parents = parents[0]
-        shape, out_shapes, nbytes, flops = self._costs(name, args, kwargs, main, outs)
-        return OpRecord(name, frame, parents, params, buffers, shape, main.dtype, main.device,
-                        out_shapes, nbytes, False, main._is_view(), flops, elapsed, None, "op",
-                        None)
-
-    def _costs(self, name: str, args: tuple, kwargs: dict | None, main: Tensor,
-               outs: list | None) -> tuple:
-        """(shape, out_shapes, nbytes, FLOPs) of a call that ran, as the recorder records them."""
-        shape = main.shape
-        flops = None
-        if name in FORMULAS:
-            weight = WEIGHT_ARG.get(name)
-            if weight is not None and len(args) > weight[0]:
-                flops = self.state.param_ids.get(id(args[weight[0]]))
-            if flops is None:
-                flops = ([a.shape if isinstance(a, Tensor) else a for a in args],
-                         shapes(kwargs) if kwargs else kwargs)
-        if outs is None:
-            out_shapes = nbytes = None
-        else:
-            out_shapes = [t.shape for t in outs]
-            nbytes = sum(t.element_size() * t.numel() for t in outs)
-        return self.state.shapes.setdefault(shape, shape), out_shapes, nbytes, flops
 
     def _settle(self) -> None:
         """Check the held ops against the graph, now that they ran: an op that agrees keeps
@@ -356,7 +293,7 @@ class Follower(Recorder):
         delta = 0
         for i in which:
             _, args, kwargs, main, outs, _, elapsed = held[i - start]
-            own = self._costs(names[i - start], args, kwargs, main, outs)
+            own = self.recorder.costs(names[i - start], args, kwargs, main, outs)
             want = template[i]
             if own != costs(want):
                 shape, out_shapes, nbytes, flops = own
@@ -376,7 +313,7 @@ class Follower(Recorder):
         agreed, delta = self.following, 0
         for (_, args, kwargs, main, outs, entry, elapsed), name in zip(held, names):
             frame = records[index]
-            rec = self._own(entries, name, frame, args, kwargs, main, outs, elapsed)
+            rec = self.recorder.record_ran(entries, name, frame, args, kwargs, main, outs, elapsed)
             if agreed:
                 want = template[index] if index < len(template) else None
                 if want is None or want.func != name or _CALL(want.frame) != _CALL(frame) or \
@@ -404,7 +341,7 @@ class Follower(Recorder):
         records = self.state.records
         index = len(records)
         try:
-            Recorder.__torch_function__(self, ran, types, args, kwargs)
+            self.recorder.__torch_function__(ran, types, args, kwargs)
         finally:
             _names.pop(ran, None)
         if len(records) > index:
@@ -432,10 +369,12 @@ class Follower(Recorder):
                 rec = template[index]
                 records[index] = rec._replace(frame=frame, time_ns=self.times[index - start])
 
-    def finish(self, start_ns: int, failed: bool = False) -> Followed | None:
-        """A step that kept to the graph to its end (the same inputs, ops and outputs): its
-        times and differing records. Otherwise the ops become full records (None)."""
+    def end(self, session: Any) -> None:
+        """A step that kept to the graph to its end (the same inputs, ops and outputs) leaves
+        its times and differing records (``outcome``); otherwise the ops become full
+        records."""
         records, template = self.state.records, self.template
+        failed = session.failed
         if not failed:
             self._settle()
         if self.following and not failed and len(records) == len(template):
@@ -448,8 +387,16 @@ class Follower(Recorder):
                                                                len(self.times))
                 if self.flow is not None:
                     self.known["flow"] = self.flow
-                return Followed(times, changed, perf_counter_ns() - start_ns,
-                                held_bytes=self.held_bytes)
+                self.outcome = Followed(times, changed, session.capture_ns,
+                                        held_bytes=self.held_bytes)
+                return
         self.depart()
-        return None
 
+    def trace(self, session: Any) -> Any:
+        """The followed step's Trace (``kept``), or None: the one the records make."""
+        followed = self.outcome
+        if followed is None:
+            return None
+        followed.output, followed.calls = session.output, session.calls
+        followed.structure = session.structure
+        return self.kept(followed)

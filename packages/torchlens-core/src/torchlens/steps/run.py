@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..capabilities import lookup
-from ..capture.engine import raw_records, record_costs
+from ..capture.engine import record_costs
 from ..capture.record import fields
 from ..errors import StepError
 from ..trace import Trace
@@ -57,6 +57,7 @@ class Step:
     call_times: array | None = None  # their times, in that order
     structure: dict | None = None  # its output's structure, where it differs from the graph's
     token: int | None = None  # the token a generation step chose (tl.generate)
+    saved: int | None = None  # how many values the first step of a graph saved
 
 
 class StepRun:
@@ -104,8 +105,9 @@ class StepRun:
         base, last = self._made[first]
         return first, records, last <= HOLD_BYTES, self._known.setdefault(first, {}), base
 
-    def add_followed(self, index: int, first: int, kept: Any) -> None:
-        """A step that kept to structure ``first``'s graph (``follow.Followed``)."""
+    def add_followed(self, index: int, first: int, kept: Any) -> Trace:
+        """A step that kept to structure ``first``'s graph (``follow.Followed``); its Trace,
+        made when first read."""
         self._last = index
         if kept.held_bytes is not None:
             self._made[first] = (self._made[first][0], kept.held_bytes)
@@ -115,6 +117,11 @@ class StepRun:
                                   meta={"capture_ns": kept.capture_ns}, changed=kept.changed,
                                   call_order=order, call_times=call_times,
                                   structure=self._own(first, kept.structure))
+        template = self._steps[first].trace
+        step = self._steps[index]
+        return Trace.deferred(lambda: _parts(self[index]), step.ops,
+                              step.structure or template.output_structure,
+                              _step_meta(template, step), provenance=template.provenance)
 
     def _own(self, first: int, structure: dict) -> dict | None:
         """A step's output structure where it differs from its graph's (a plain value in the
@@ -126,11 +133,11 @@ class StepRun:
         order = tuple([(frame[0], frame[1]) for frame in calls])
         return self._orders.setdefault(order, order), array("q", [frame[4] for frame in calls])
 
-    def add(self, index: int, trace: Trace) -> None:
-        """A captured step: shared with an earlier one when their graphs are the same."""
+    def add(self, index: int, trace: Trace, raw: tuple | None) -> None:
+        """A captured step (``raw``: its records, kept values and module calls, from its
+        ``StepKeeper``): shared with an earlier one when their graphs are the same."""
         self._last = index
-        raw = raw_records(trace)
-        if raw is None:  # already materialized (a failed step): keep it whole
+        if raw is None:  # nothing raw to share: keep it whole
             self._steps[index] = Step(index, index, len(trace), 0, trace=trace)
             return
         records, values, calls = raw
@@ -141,7 +148,8 @@ class StepRun:
         first = next((i for i, p in candidates if p == parents), None)
         if first is None:
             candidates.append((index, parents))
-            self._steps[index] = Step(index, index, len(records), total, trace=trace)
+            self._steps[index] = Step(index, index, len(records), total, trace=trace,
+                                      saved=len(values))
             self._records[index] = records
         else:
             meta = {k: v for k, v in trace.meta.items() if k in ("edits", "capture_ns")}
@@ -227,9 +235,8 @@ class StepRun:
         lines = [head]
         for i in self.captured:
             step = self._steps[i]
-            saved = len(step.values) if step.values is not None else \
-                len(raw_records(step.trace)[1]) if raw_records(step.trace) else \
-                sum(op.saved for op in step.trace.ops)
+            saved = len(step.values) if step.values is not None else step.saved \
+                if step.saved is not None else sum(op.saved for op in step.trace.ops)
             graph = "own" if step.shares == i else f"= step {step.shares}"
             lines.append((str(i), str(step.ops), graph, f"{step.time_ns / 1e6:.2f}", str(saved),
                           "" if step.token is None else str(step.token)))
@@ -258,8 +265,7 @@ def _rebuild(template: Trace, step: Step) -> Trace:
         ops.append(dataclasses.replace(op, time_ns=step.times[op.index],
                                        saved=op.index in step.values,
                                        _value=step.values.get(op.index), **own))
-    meta = {**{k: v for k, v in template.meta.items() if k != "edits"}, **step.meta,
-            "step": step.index}
+    meta = _step_meta(template, step)
     modules = {a: m.copy() for a, m in template.modules.items()}
     own = dict(zip(step.call_order, step.call_times))
     for module in modules.values():
@@ -268,3 +274,14 @@ def _rebuild(template: Trace, step: Step) -> Trace:
     structure = template.output_structure if step.structure is None else step.structure
     return Trace(ops, modules, template.params, template.buffers, structure, meta,
                  provenance=template.provenance)
+
+
+def _step_meta(template: Trace, step: Step) -> dict:
+    """A shared step's meta: its graph's, with its own (capture time, edit rows) and index."""
+    return {**{k: v for k, v in template.meta.items() if k != "edits"}, **step.meta,
+            "step": step.index}
+
+
+def _parts(trace: Trace) -> tuple:
+    """What a deferred Trace's builder returns: the ops, modules, params and buffers."""
+    return trace.ops, trace.modules, trace.params, trace.buffers

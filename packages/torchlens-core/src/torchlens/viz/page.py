@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..sites import split_pass
 from .build import _Builder, shorten
 from .collapse import expanded_calls
 from .groups import is_synthetic
@@ -252,7 +253,7 @@ def _synthetic_name(b: _Builder, key: str) -> str:
     info = b.synthetic[key]
     first, last = info.ops[0], info.ops[-1]
     if info.kind == "loop":
-        return f"step {key.rpartition(':')[2]}: {first} … {last}"
+        return f"step {split_pass(key)[1]}: {first} … {last}"
     return f"{first} … {last}"
 
 
