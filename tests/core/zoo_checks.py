@@ -124,7 +124,9 @@ def check_saved_values_equal_a_reference(case: ZooCase) -> None:
 def check_light_capture_matches_trace(case: ZooCase) -> None:
     """``tl.record``'s light capture labels and keeps exactly what a full trace does: every
     third op label, picked across function names, gives the trace's values."""
-    from torchlens.capture.engine import capture_selected
+    from torchlens.capture.engine import capture
+    from torchlens.capture.seam import CaptureRequest
+    from torchlens.capture.taps import Taps
 
     model, x = case.build()
     torch.manual_seed(9)
@@ -135,7 +137,10 @@ def check_light_capture_matches_trace(case: ZooCase) -> None:
     model, _ = case.build()
     torch.manual_seed(9)
     with torch.no_grad():
-        kept = capture_selected(model, args, kwargs, picked)
+        taps = Taps()
+        light = capture(CaptureRequest(model, args, kwargs, save=picked), [taps])
+        kept = taps.values
+    assert len(light) == 0 and light.meta["light"]  # a light capture's Trace holds no ops
     assert set(picked) <= set(kept)  # a first-pass label also selects the later passes
     assert all(label in picked or label.partition(":")[0] in picked for label in kept)
     for label in kept:

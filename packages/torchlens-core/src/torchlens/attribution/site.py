@@ -87,9 +87,9 @@ class OpSite(nn.Module):
 
     # ---- the model's forward while hooked ----------------------------------------------------
     def _install(self) -> None:
-        from ..capture.engine import forward_edited
         from ..capture.inventory import inventory
         from ..capture.redirect import Redirect
+        from ..capture.taps import edited_forward
         from ..edits.plan import EditPlan
 
         model = self._model
@@ -97,9 +97,7 @@ class OpSite(nn.Module):
                         surface="attribution")
 
         def route(args: tuple, kwargs: dict) -> Any:
-            plan.fired.clear()
-            plan.norms.clear()
-            return forward_edited(model, args, kwargs, plan)
+            return edited_forward(model, args, kwargs, plan)
 
         self._redirect = Redirect(model, route)
 

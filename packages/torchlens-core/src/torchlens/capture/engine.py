@@ -97,6 +97,8 @@ def capture(request: CaptureRequest, parts: Sequence[Part] = ()) -> Trace:
 
 
 def _capture(request: CaptureRequest, parts: list) -> Trace:
+    if any(p.light for p in parts):
+        return _capture_light(request, parts)
     model, args, kwargs, save = request.model, request.args, request.kwargs, request.save
     inv = request.inventory or inventory(model)
     save_all, save_labels, save_modules = parse_save(save, model, inv)
@@ -264,48 +266,32 @@ def _check_selection(records: list, labels: set[str]) -> None:
             + ["tl.trace(model, x, save=None)  # then list the labels: [op.label for op in t]"])
 
 
-def capture_selected(model: nn.Module, args: tuple, kwargs: dict, save: list[str],
-                     keep: Any = None, inv: Inventory | None = None,
-                     edits: Any = None) -> dict[str, Any]:
-    """A light capture: only labels are computed and only the selected activations copied.
-
-    Labels match a full trace's; module addresses give the module's output (``addr:2`` for a
-    later pass). ``keep(key, value)`` makes what is kept of a live value (default: a detached
-    copy). Returns ``{label or address: kept value}``. ``inv``: the model's inventory, when the
-    caller took it just before. ``edits``: an ``edits.EditPlan`` applied as in ``capture``.
-    """
-    with paused():
-        return _capture_selected(model, args, kwargs, save, keep, inv or inventory(model),
-                                 edits)[0]
-
-
-def forward_edited(model: nn.Module, args: tuple, kwargs: dict, plan: Any,
-                   inv: Inventory | None = None) -> Any:
-    """The model's output with ``plan``'s edits applied and nothing else kept: the lightest
-    capture there is (module sites need no per-op mode at all). Every edit must fire."""
-    with paused():
-        return _capture_selected(model, args, kwargs, [], None, inv or inventory(model),
-                                 plan)[1]
-
-
-def _capture_selected(model, args, kwargs, save, keep, inv: Inventory, plan=None
-                      ) -> tuple[dict[str, Any], Any]:
-    modules = inv.modules
-    _, save_labels, save_modules = parse_save(list(save), model, inv)
+def _capture_light(request: CaptureRequest, parts: list) -> Trace:
+    """A light capture (a part is ``light``, as ``taps.Taps`` is): only labels are computed
+    and only the selected values kept, as the taps' ``keep`` makes them; the Trace holds no
+    ops. Module addresses alone need no per-op mode at all: their frames see the outputs."""
+    model, args, kwargs = request.model, request.args, request.kwargs
+    inv = request.inventory or inventory(model)
+    _, save_labels, save_modules = parse_save(list(request.save or ()), model, inv)
     ends = {label for label in save_labels if _END_LABEL.fullmatch(label)}  # input_1, output_2
     save_labels -= ends
     state = CaptureState({}, {}, False, save_labels)
     state.light = {}
+    keep = next((p.keep for p in parts if p.light and p.keep is not None), None)
     if keep is not None:
         state.keep = keep
-    if plan is not None:
-        _plug(state, plan)
+    session = Session(request, state, [t for _, t in _input_leaves(args, kwargs)])
+    for part in parts:
+        part.start(session)
+    seam = combine(parts)
+    if seam is not None:
+        _plug(state, seam)
     if ends:  # numbered as the full trace numbers them, the inputs before the forward runs
-        _keep_ends(state, "input", [t for _, t in _input_leaves(args, kwargs)], ends)
-    handles = install_boundaries(modules, state, [], save_modules, plan)
+        _keep_ends(state, "input", session.inputs, ends)
+    handles = install_boundaries(inv.modules, state, session.calls, save_modules, seam)
     _active.depth = getattr(_active, "depth", 0) + 1
+    t0 = time.perf_counter_ns()
     try:
-        # module addresses alone need no per-op mode: their frames see the outputs
         counting = LightRecorder(state) if save_labels or state.seam is not None else \
             contextlib.nullcontext()
         with quiet_hooks(model, inv.hooked, state), eager(), counting:
@@ -316,11 +302,19 @@ def _capture_selected(model, args, kwargs, save, keep, inv: Inventory, plan=None
         _active.depth -= 1
         for h in handles:
             h.remove()
-    if plan is not None:  # every forward of a recording must fire every edit
-        plan.refuse_unfired(None)
-        plan.fired.clear()
-        plan.norms.clear()
-    return state.light, out
+    session.capture_ns = time.perf_counter_ns() - t0
+    session.output, session.values = out, state.light
+    for part in parts:
+        part.end(session)
+    result = Trace([], {}, {}, {}, {"type": "value", "repr": None},
+                   {"schema_version": SCHEMA_VERSION, "model_class": type(model).__name__,
+                    "light": True, "capture_ns": session.capture_ns},
+                   provenance=request.provenance)
+    if request.keep_output:
+        result._objects["forward_output"] = out
+    for part in parts:
+        part.finish(result, session)
+    return result
 
 
 _END_LABEL = re.compile(r"(input|output)_\d+")

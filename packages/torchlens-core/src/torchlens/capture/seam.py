@@ -27,7 +27,9 @@ output from then on. ``module`` is called as a module call returns, for the part
 its records: ``"templates"`` (each op's call, to replay it), ``"live"`` (each op's live output,
 its version and output gradient: validation), ``"decisions"`` (the ops whose values a Python
 decision read), ``"output"`` (the forward's live output, on ``session.output``). Read what was
-kept with ``session.kept()``.
+kept with ``session.kept()``. A ``light`` part (``taps.Taps``) asks for a light capture: no op
+records, only the values of ``request.save`` kept (``session.values``), and a Trace with no
+ops.
 
 A part that leads (``lead`` returns a torch function mode) sees every torch call of the
 forward first, and hands the calls it does not keep to the recorder it was given
@@ -106,6 +108,8 @@ class Session:
         self.failed = False
         self.calls: list = []  # the finished module calls' frames
         self.structure: Any = None  # the output's structure, once the forward returned
+        self.capture_ns = 0  # how long the forward took, once it is over
+        self.values: dict[str, Any] = {}  # a light capture's kept values, by label or address
 
     def kept(self) -> dict[str, Any]:
         """What the capture kept for ``needs``: the call templates (``calls``), autocast
@@ -124,6 +128,7 @@ class Part:
     ops: Any = ()  # base labels (``relu_3``) whose ops ``op`` is called for, or EVERY_OP
     modules: Any = ()  # module addresses whose calls ``module`` is called for
     needs: frozenset[str] = frozenset()
+    light = False  # a light capture's part: the capture keeps no records, only its values
 
     def start(self, session: Session) -> None:
         """Before the forward runs (its inputs are recorded)."""

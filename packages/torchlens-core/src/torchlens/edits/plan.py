@@ -148,6 +148,11 @@ class EditPlan(Part):
         return result
 
     # ---- after the forward ------------------------------------------------------------------
+    def start(self, session: Any) -> None:
+        """Each capture proves its own firing (a recording or a step run reuses a plan)."""
+        self.fired.clear()
+        self.norms.clear()
+
     def finish(self, trace: Any, session: Any) -> None:
         """What was asked and what fired, in the trace's meta (saved with it); a site that
         never fired refuses (unless ``allow_unfired``) once the forward ran to its end."""

@@ -2,7 +2,7 @@
 clean run's value into the corrupt run, several cells batched into one forward.
 
 The clean run is captured once (only the swept sites saved); each forward then runs through the
-lightest capture there is (``engine.forward_edited``: module boundaries only, plus per-op
+lightest capture there is (``taps.edited_forward``: module boundaries only, plus per-op
 numbering when a site is an op label), with every cell's edit proven to fire.
 """
 
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..capture.boundaries import leaves
-from ..capture.engine import forward_edited
+from ..capture.taps import edited_forward
 from ..edits.plan import EditPlan
 from ..edits.values import Edit, fit, source_value
 from ..errors import CaptureError, InputError, InputTypeError
@@ -174,7 +174,7 @@ def _run(model, inv, source, rows, positions, chunk, bad, metric) -> list[float]
     n = len(chunk)
     args, kwargs = (bad.args, bad.kwargs) if n == 1 else (_repeat(bad.args, n),
                                                            _repeat(bad.kwargs, n))
-    out = forward_edited(model, args, kwargs, plan, inv)
+    out = edited_forward(model, args, kwargs, plan, inv)
     if n == 1:
         return [float(metric(out))]
     return [float(metric(_row(out, r))) for r in range(n)]

@@ -17,10 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..capture.engine import capture_selected, parse_save
+from ..capture.engine import capture, parse_save
 from ..capture.inference import outside_inference_mode
 from ..capture.inventory import Inventory
 from ..capture.meta import refuse_values
+from ..capture.seam import CaptureRequest
+from ..capture.taps import Taps
 from ..errors import InputError
 from ..sites import expand_globs, name_of
 from . import distributed
@@ -194,8 +196,10 @@ def _capture(model: nn.Module, res, save: list[str], keeper: Keeper, plan: Any =
              ) -> dict[str, Any]:
     """One light capture; recording needs no autograd graph, so none is built."""
     with torch.no_grad():
-        return capture_selected(model, res.args, res.kwargs, save, keep=keeper,
-                                inv=res.inventory, edits=plan)
+        taps = Taps(keep=keeper)
+        capture(CaptureRequest(model, res.args, res.kwargs, save=save, inventory=res.inventory),
+                [p for p in (plan, taps) if p is not None])
+        return taps.values
 
 
 def _missing(values: dict[str, Any], save: list[str]) -> None:

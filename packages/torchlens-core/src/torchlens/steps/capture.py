@@ -108,9 +108,6 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
             out = redirect.original(*args, **kwargs)
             run.skipped_ns += time.perf_counter_ns() - start
             return out
-        if plan is not None:
-            plan.fired.clear()
-            plan.norms.clear()
         nonlocal inv
         if inv is None:  # the previous step created parameters: read the model again
             inv = inventory(model)
