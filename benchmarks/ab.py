@@ -115,8 +115,7 @@ def main() -> None:
         verdict = "PASS" if b / a <= 1.03 else "MISS"
         lines.append(f"  {row:55s} A {a:.3f}x  B {b:.3f}x  B/A {b / a:.3f} ({verdict})")
     print("\n".join(lines))
-    out = Path(__file__).parent / "results" / "ab.md"
-    out.write_text("```\n" + "\n".join(lines) + "\n```\n")
+    (Path(__file__).parent / "results" / "ab.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

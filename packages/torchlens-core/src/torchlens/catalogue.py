@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from .errors import CODES
 
-PACKAGES = ("torchlens", "torchlens_viz", "torchlens_hf", "torchlens_vision")
+
+def installed_packages() -> tuple[str, ...]:
+    """``torchlens`` and the top-level package of every installed plugin (the entry points of
+    group ``torchlens``), whose raise sites the catalogue reads too."""
+    plugins = {ep.module.partition(".")[0] for ep in metadata.entry_points(group="torchlens")}
+    return ("torchlens", *sorted(plugins - {"torchlens"}))
 
 
 def _text(node: ast.AST) -> str | None:
@@ -61,12 +67,13 @@ def _sites(tree: ast.AST) -> list[tuple[str, list[str]]]:
     return found
 
 
-def catalogue(packages: tuple[str, ...] = PACKAGES) -> list[dict[str, Any]]:
+def catalogue(packages: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
     """One row per code of ``errors.CODES``, in its order: ``code``, ``meaning``, ``teach``
-    (the distinct teaches of its raise sites, as written) and ``raised_in`` (modules)."""
+    (the distinct teaches of its raise sites, as written) and ``raised_in`` (modules), read
+    from ``packages`` (default: ``installed_packages()``)."""
     teaches: dict[str, list[str]] = {}
     where: dict[str, list[str]] = {}
-    for package in packages:
+    for package in packages if packages is not None else installed_packages():
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
             continue

@@ -211,8 +211,3 @@ def _auto(structure: Structure, budget: int) -> set[str]:
         count += grow
         level = [child for key in level for child in structure.child_calls(key)]
     return expanded
-
-
-def count_nodes(structure: Structure, expanded: set[str]) -> int:
-    """How many nodes a drawing of ``structure`` with ``expanded`` clusters has."""
-    return len(structure.root) + sum(len(structure.calls[k].children) - 1 for k in expanded)
