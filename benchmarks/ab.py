@@ -1,119 +1,128 @@
-"""A/B of two revisions of TorchLens in one run: the rows of ``bench:run``, ``bench:steps`` and
-``bench:edits`` that a refactor must not slow down, each as a ratio to the plain call measured
-in the same process, for the working tree (B) and a git revision (A, checked out in a
-temporary worktree), in alternating child processes, round after round.
+"""A/B of two revisions of torchlens-core in one process: the rows of ``bench:run``,
+``bench:steps`` and ``bench:edits`` that a refactor must not slow down, for a git revision (A)
+and the working tree (B), timed in the same rounds.
 
-    hatch run bench:ab --base e083b49 --rounds 3
+    hatch run bench:ab --base e083b49
 
-A child imports one revision's packages (``PYTHONPATH``: its ``src`` folders come before the
-installed workspace) and times every row in rounds of its own (``_common.time_rounds``); the
-driver reports each row's median ratio over the children of each side, and B / A.
+Revision A's ``torchlens`` package is copied from a temporary worktree under another name
+(``torchlens_a``: its imports are relative), so both import side by side and every round
+times every row of both, back to back (``_common.time_rounds``): the machine's drift falls on
+both alike. Each row is reported as A and B over the plain call, and B / A by the median of the
+per-round ratios (target: within 3%). Plugins are not loaded (``TORCHLENS_DISABLE_PLUGINS``):
+the plugins of the working tree import its torchlens, not A's.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("torchlens-core", "torchlens-viz", "torchlens-hf", "torchlens-vision")
 
 
-def child(runs: int) -> None:
-    """Time every row against its plain call in this process; print the ratios as JSON."""
+def load_base(rev: str, folder: Path) -> Any:
+    """Revision ``rev``'s torchlens, imported as ``torchlens_a``."""
+    tree = folder / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True,
+                   capture_output=True)
+    try:
+        shutil.copytree(tree / "packages" / "torchlens-core" / "src" / "torchlens",
+                        folder / "pkgs" / "torchlens_a")
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                       capture_output=True)
+    sys.path.insert(0, str(folder / "pkgs"))
+    return importlib.import_module("torchlens_a")
+
+
+def rows(tl: Any, name: str, model: Any, x: Any, edit_sites: dict) -> dict[str, Any]:
+    """The timed calls of one side on one model."""
     import torch
-    from _common import build_model, call, time_rounds
-    from edits import sites
-    from steps import setup
+    from _common import call
 
-    import torchlens as tl
-
-    torch.set_num_threads(1)
-    ratios: dict[str, float] = {}
-
-    def plain(model, x):
-        def run():
-            with torch.no_grad():
-                return call(model, x)
-        return run
-
-    def traced(model, x, **kw):
-        def run():
+    def traced(**kw: Any) -> Any:
+        def run() -> Any:
             with torch.no_grad():
                 return tl.trace(model, x, **kw)
         return run
 
-    for name in ("resnet18", "gpt2"):
-        model, x = build_model(name)
-        methods = {"plain": plain(model, x), "save=None": traced(model, x, save=None),
-                   "save=all": traced(model, x, save="all")}
-        for kind, (site, edit, _) in sites(model, x, name).items():
-            methods[f"{kind} edit"] = traced(model, x, save=None, edits={site: edit})
-        samples = time_rounds(methods, runs=runs, warmup=2)
-        med = {k: statistics.median(v) for k, v in samples.items()}
-        ratios[f"run: {name} trace(save=None) / forward"] = med["save=None"] / med["plain"]
-        ratios[f"run: {name} trace(save='all') / forward"] = med["save=all"] / med["plain"]
-        for kind in ("module", "op"):
-            ratios[f"edits: {name} {kind} edit / unedited trace"] = (
-                med[f"{kind} edit"] / med["save=None"])
-    model, ids, options = setup(32)
+    out = {f"{name} trace(save=None)": traced(save=None),
+           f"{name} trace(save='all')": traced(save="all")}
+    for kind, (site, make) in edit_sites.items():
+        out[f"{name} {kind} edit"] = traced(save=None, edits={site: make(tl)})
 
-    def generate():
-        with torch.no_grad():
-            return model.generate(ids, **options)
+    def steps() -> Any:  # tl.steps over a loop of forwards, as tl.generate runs generate
+        with torch.no_grad(), tl.steps(model) as run:
+            for _ in range(4):
+                call(model, x)
+        return run
 
-    steps = {"plain": generate,
-             "save=None": lambda: tl.generate(model, ids, save=None, **options)}
-    samples = time_rounds(steps, runs=max(3, runs // 4), warmup=1, block=1)
-    paired = statistics.median(a / b for a, b in zip(samples["save=None"], samples["plain"]))
-    ratios["steps: gpt2 generate(save=None) / generate, paired"] = paired
-    print(json.dumps(ratios))
+    out[f"{name} 4 steps(save=None)"] = steps
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the git revision A")
-    parser.add_argument("--rounds", type=int, default=3, help="children per side")
-    parser.add_argument("--runs", type=int, default=20, help="timed runs per row in a child")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=30, help="rounds (every row once each)")
+    parser.add_argument("--models", default="tinyops,resnet18,gpt2")
     args = parser.parse_args()
-    if args.child:
-        return child(args.runs)
+    os.environ["TORCHLENS_DISABLE_PLUGINS"] = "1"
+    import torch
+    from _common import build_model, call, time_rounds
+
+    import torchlens as tl_b
+
+    torch.set_num_threads(1)
+    lines = [f"A = {args.base}, B = the working tree, in one process; {args.runs} rounds, every "
+             "row of both in each; ratios to the plain forward (medians), B / A the median of "
+             "the per-round ratios (target: within 3%)"]
     with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base), args.base], cwd=ROOT,
-                       check=True, capture_output=True)
-        try:
-            sides = {"A": base, "B": ROOT}
-            results: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
-            for r in range(args.rounds):
-                for side in ("A", "B") if r % 2 == 0 else ("B", "A"):
-                    src = os.pathsep.join(str(sides[side] / "packages" / p / "src")
-                                          for p in PACKAGES)
-                    env = dict(os.environ, PYTHONPATH=src + os.pathsep +
-                               os.environ.get("PYTHONPATH", ""))
-                    done = subprocess.run([sys.executable, __file__, "--child", "--runs",
-                                           str(args.runs)], env=env, capture_output=True,
-                                          text=True, cwd=Path(__file__).parent, check=True)
-                    results[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
-                    print(f"round {r + 1} {side} done", flush=True)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT,
-                           capture_output=True)
-    lines = [f"A = {args.base}, B = the working tree; {args.rounds} child processes each, "
-             f"{args.runs} runs a row; the median of each side's ratios, and B / A "
-             "(target: within 3%)"]
-    for row in results["A"][0]:
-        a = statistics.median(res[row] for res in results["A"])
-        b = statistics.median(res[row] for res in results["B"])
-        verdict = "PASS" if b / a <= 1.03 else "MISS"
-        lines.append(f"  {row:55s} A {a:.3f}x  B {b:.3f}x  B/A {b / a:.3f} ({verdict})")
+        tl_a = load_base(args.base, Path(tmp))
+        for name in args.models.split(","):
+            model, x = build_model(name)
+            torch.manual_seed(1)
+            edit_sites = {}
+            if name == "resnet18":
+                steer = torch.randn(28)
+                edit_sites = {"module": ("layer2.0", lambda tl: tl.edits.add(steer)),
+                              "op": ("layer1.0.relu:2",
+                                     lambda tl: tl.edits.zero(index=(slice(None), 5)))}
+            elif name == "gpt2":
+                steer = torch.randn(768)
+                with torch.no_grad():
+                    add = next(op.label for op in tl_b.trace(model, x, save=None)
+                               if op.func == "add" and op.module == "transformer.h.6")
+                edit_sites = {"module": ("transformer.h.6", lambda tl: tl.edits.add(steer)),
+                              "op": (add, lambda tl: tl.edits.zero(index=(slice(None), 4)))}
+
+            def plain(model: Any = model, x: Any = x) -> Any:
+                with torch.no_grad():
+                    return call(model, x)
+
+            a, b = rows(tl_a, name, model, x, edit_sites), rows(tl_b, name, model, x, edit_sites)
+            methods = {"plain": plain, **{f"A {k}": v for k, v in a.items()},
+                       **{f"B {k}": v for k, v in b.items()}}
+            samples = time_rounds(methods, runs=args.runs, warmup=2, block=1)
+            base = statistics.median(samples["plain"])
+            for row in a:
+                ra = statistics.median(samples[f"A {row}"]) / base
+                rb = statistics.median(samples[f"B {row}"]) / base
+                paired = statistics.median(q / p for p, q in zip(samples[f"A {row}"],
+                                                                 samples[f"B {row}"]))
+                verdict = "PASS" if paired <= 1.03 else "MISS"
+                lines.append(f"  {row:32s} A {ra:6.3f}x  B {rb:6.3f}x  B/A {paired:.3f} "
+                             f"({verdict})")
+            print("\n".join(lines[-len(a):]), flush=True)
+            del model, x, methods, samples
     print("\n".join(lines))
     (Path(__file__).parent / "results" / "ab.txt").write_text("\n".join(lines) + "\n")
 

@@ -387,3 +387,18 @@ def test_a_list_a_call_read_is_read_as_the_call_saw_it(holding):
         assert facts(run[i]) == facts(tl.trace(model, x, save=None)), i
     assert run[3]["cat_1"].parents == ["input_1"]
     assert run[3]["cat_2"].parents == ["input_1", "relu_1"]
+
+
+def test_inside_a_pinned_block_a_step_does_not_follow_and_equals_its_own_capture():
+    """A pinned block guards the parameters against writes, which only the recorder does: the
+    follower then leads nothing, and each step is recorded in full."""
+    from torchlens.capture.policy import pinned
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    xs = [torch.rand(1, 4) for _ in range(3)]
+    with pinned(model, "summary"), tl.steps(model) as run:
+        outs = [model(x) for x in xs]
+    for i, x in enumerate(xs):
+        with torch.no_grad():
+            assert facts(run[i]) == facts(tl.trace(model, x, save=None))
+            assert torch.equal(outs[i], model(x))

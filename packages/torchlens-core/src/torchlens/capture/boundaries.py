@@ -31,6 +31,7 @@ from torch._C import DisableTorchFunction
 from torch.nn.modules import module as _module
 from torch.nn.modules.lazy import LazyModuleMixin
 
+from .record import field
 from .recorder import snapshot
 
 _MISSING = object()
@@ -376,7 +377,7 @@ def _keep_values(state: Any, found: list) -> None:
         index = state.producer(t)
         if index is None or index in state.values:
             continue
-        shapes = state.records[index].out_shapes
+        shapes = field.out_shapes(state.records[index])
         if shapes is None:
             state.values[index] = snapshot(t)
             continue

@@ -34,7 +34,7 @@ from .flops import flops_of, flops_of_weight
 from .inventory import Inventory, inventory
 from .meta import is_meta, is_value_error, op_unsupported
 from .offload import homes, quiet_hooks
-from .record import OpRecord, fields
+from .record import OpRecord, field, fields
 from .recorder import (
     CaptureState,
     LightRecorder,
@@ -252,7 +252,7 @@ def _check_selection(records: list, labels: set[str]) -> None:
     were made during the forward whenever ``save=`` names any."""
     if not labels:
         return
-    known = {rec.label for rec in records}
+    known = set(map(field.label, records))
     known |= {name_of(label) for label in known}
     unknown = sorted(labels - known)
     if unknown:
@@ -467,7 +467,7 @@ def _objects(state, calls, module_classes, param_names, param_facts, buffer_fact
     ops: list[Op] = []
     children: list[list[int]] = [[] for _ in records]
     for i, rec in enumerate(records):
-        parents = rec.parents
+        parents = field.parents(rec)
         if type(parents) is int:
             children[parents].append(i)
         else:

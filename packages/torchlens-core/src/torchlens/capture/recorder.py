@@ -21,7 +21,7 @@ from .cow import SET_DATA, Held, may_write, storage_key, written_by
 from .flops import FORMULAS, WEIGHT_ARG, flops_of, shapes
 from .naming import NAMES as _names
 from .naming import func_name
-from .record import OpRecord, new_record
+from .record import OpRecord, field
 from .transforms import in_front, inside, is_wrapped, unwrapped
 
 Tensor = torch.Tensor
@@ -142,7 +142,7 @@ class CaptureState:
                     return ("op", index, entry[3])
                 # written in place through another view: replay reads the writer's value when
                 # it holds exactly these elements, else the value as it is now
-                written = self.records[index].shape if index < len(self.records) else None
+                written = field.shape(self.records[index]) if index < len(self.records) else None
                 if written is not None and prod(written) == value.numel():
                     return ("op", index, 0, tuple(value.shape))
             return ("const", value.detach().clone())
@@ -457,9 +457,9 @@ class Recorder(TorchFunctionMode):
                             out_tensors = None
         shape, out_shapes, nbytes, flops = self.costs(name, args, kwargs, main, out_tensors)
         is_view = not inplace and main._is_view()
-        s.records.append(new_record(OpRecord, (
+        s.records.append((  # an OpRecord, as a plain tuple (``record.field``)
             name, frame, parents, params, buffers, shape, main.dtype, main.device, out_shapes,
-            nbytes, inplace, is_view, flops, elapsed, label, "op", None)))
+            nbytes, inplace, is_view, flops, elapsed, label, "op", None))
         if s.calls is not None:
             self._keep_for_replay(index, func, args, kwargs, out, out_tensors or [main])
         ref = _ref(main)
@@ -518,15 +518,14 @@ class Recorder(TorchFunctionMode):
         return self.state.shapes.setdefault(shape, shape), out_shapes, nbytes, flops
 
     def record_ran(self, tensors: dict, name: str, frame: list, args: tuple, kwargs: dict,
-                   main: Tensor, outs: list | None, elapsed: int) -> OpRecord:
+                   main: Tensor, outs: list | None, elapsed: int) -> tuple:
         """The record of a call that already ran, wrote nothing in place and is no transform's,
         built as the recorder builds every record (its edges through ``tensors``: the ids of
         the tensors made so far), without registering it: a step follower's check."""
         parents, params, buffers = self.state.edges(args, kwargs, tensors)
         shape, out_shapes, nbytes, flops = self.costs(name, args, kwargs, main, outs)
-        return new_record(OpRecord, (name, frame, parents, params, buffers, shape, main.dtype,
-                                     main.device, out_shapes, nbytes, False, main._is_view(),
-                                     flops, elapsed, None, "op", None))
+        return (name, frame, parents, params, buffers, shape, main.dtype, main.device,
+                out_shapes, nbytes, False, main._is_view(), flops, elapsed, None, "op", None)
 
     def _record_real(self, func, name, args, kwargs, out, outs, parents, params, buffers,
                      inplace, elapsed):

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from ..capture.cow import WRITERS, written_by
 from ..capture.naming import NAMES as _names
 from ..capture.naming import func_name
-from ..capture.record import fields
+from ..capture.record import field, fields, replaced
 from ..capture.recorder import EMPTY, PASSTHROUGH, tensor_outputs
 from ..capture.seam import Part
 from ..capture.transforms import is_wrapped
@@ -40,7 +40,8 @@ Parameter = torch.nn.Parameter
 costs = fields("shape", "out_shapes", "nbytes", "flops")
 # what an input or output record must agree on with its graph's: kind, slot and producer
 _END = fields("func", "parents", "dtype", "kind", "slot")
-_EDGES = fields("parents", "params", "buffers", "dtype")  # what an op must agree on
+_EDGES = fields("parents", "params", "buffers", "dtype")
+_DTYPE_SHAPE = fields("dtype", "shape")  # what an op must agree on
 # a followed step holds its ops' tensors until it ends (and checks them then, together) while
 # they came to at most this many bytes in the step before; above, it checks each op as it runs
 HOLD_BYTES = 64 << 20
@@ -56,12 +57,12 @@ _NOT_FOLLOWED = frozenset({"data", "set_data"})  # calls whose output aliases an
 
 def _bytes(record: tuple) -> int:
     """What a raw record's output takes in memory."""
-    return record.nbytes or prod(record.shape) * record.dtype.itemsize
+    return field.nbytes(record) or prod(field.shape(record)) * field.dtype(record).itemsize
 
 
 def graph_bytes(records: list) -> int:
     """The bytes a graph's ops made (what a step following it holds until it ends)."""
-    return sum(_bytes(r) for r in records if r.kind == "op")
+    return sum(_bytes(r) for r in records if field.kind(r) == "op")
 
 
 def _flow(held: list, mains: list, base: dict, start: int) -> tuple | None:
@@ -113,7 +114,7 @@ def _as_called(value: Any) -> Any:
 def followable(records: list) -> bool:
     """Whether a later step may follow this graph: nothing in it wrote in place or aliased
     memory (what a follower does not track)."""
-    return not any(rec.inplace or rec.func in _NOT_FOLLOWED for rec in records)
+    return not any(field.inplace(rec) or field.func(rec) in _NOT_FOLLOWED for rec in records)
 
 
 @dataclasses.dataclass
@@ -164,6 +165,7 @@ class Follower(TorchFunctionMode, Part):
         self.template, self.hold, self.made, self.kept = template, hold, made, kept
         self.known = {} if known is None else known
         self.outcome: Followed | None = None
+        self.state: Any = None  # the capture's, once it leads
 
     def lead(self, recorder: Any, session: Any) -> Follower | None:
         """Lead the capture, unless it runs in a pinned block (whose writes the recorder
@@ -260,13 +262,13 @@ class Follower(TorchFunctionMode, Part):
         if None in names:
             names = [name or func_name(func) for name, func in zip(names, map(_FUNC, held))]
         if "names" not in known:
-            known["names"] = [rec.func for rec in template]
-            known["calls"] = [_CALL(rec.frame) for rec in template]
-            known["facts"] = [(rec.dtype, rec.shape) for rec in template]
+            known["names"] = list(map(field.func, template))
+            known["calls"] = [_CALL(frame) for frame in map(field.frame, template)]
+            known["facts"] = list(map(_DTYPE_SHAPE, template))
             # ops whose costs are read every step: FLOPs from argument shapes, several outputs
-            known["costly"] = [i for i, rec in enumerate(template) if rec.kind == "op" and (
-                rec.out_shapes is not None or rec.flops is not None and
-                type(rec.flops) is not str)]
+            known["costly"] = [i for i, rec in enumerate(template) if field.kind(rec) == "op" and (
+                field.out_shapes(rec) is not None or field.flops(rec) is not None and
+                type(field.flops(rec)) is not str)]
         base = {key: (name,) for key, name in s.buffer_ids.items()}
         base.update(s.param_ids)
         base.update((key, entry[0]) for key, entry in self.entries.items())
@@ -297,7 +299,7 @@ class Follower(TorchFunctionMode, Part):
             want = template[i]
             if own != costs(want):
                 shape, out_shapes, nbytes, flops = own
-                rec = want._replace(frame=records[i], shape=shape, dtype=main.dtype,
+                rec = replaced(want, frame=records[i], shape=shape, dtype=main.dtype,
                                     device=main.device, out_shapes=out_shapes, nbytes=nbytes,
                                     flops=flops, time_ns=elapsed)
                 records[i] = rec
@@ -316,8 +318,8 @@ class Follower(TorchFunctionMode, Part):
             rec = self.recorder.record_ran(entries, name, frame, args, kwargs, main, outs, elapsed)
             if agreed:
                 want = template[index] if index < len(template) else None
-                if want is None or want.func != name or _CALL(want.frame) != _CALL(frame) or \
-                        _EDGES(rec) != _EDGES(want):
+                if want is None or field.func(want) != name or \
+                        _CALL(field.frame(want)) != _CALL(frame) or _EDGES(rec) != _EDGES(want):
                     agreed = self.following = False
                 elif costs(rec) == costs(want):
                     rec = None
@@ -346,7 +348,7 @@ class Follower(TorchFunctionMode, Part):
             _names.pop(ran, None)
         if len(records) > index:
             rec = records[index]
-            records[index] = rec._replace(time_ns=elapsed)
+            records[index] = replaced(rec, time_ns=elapsed)
         return out
 
     def depart(self) -> None:
@@ -367,12 +369,14 @@ class Follower(TorchFunctionMode, Part):
             frame = records[index]
             if type(frame) is list:
                 rec = template[index]
-                records[index] = rec._replace(frame=frame, time_ns=self.times[index - start])
+                records[index] = replaced(rec, frame=frame, time_ns=self.times[index - start])
 
     def end(self, session: Any) -> None:
         """A step that kept to the graph to its end (the same inputs, ops and outputs) leaves
         its times and differing records (``outcome``); otherwise the ops become full
         records."""
+        if self.state is None:  # it did not lead: the recorder recorded every call
+            return
         records, template = self.state.records, self.template
         failed = session.failed
         if not failed:
