@@ -93,7 +93,7 @@ def main() -> None:
             edit_sites = {}
             if name == "resnet18":
                 steer = torch.randn(28)
-                edit_sites = {"module": ("layer2.0", lambda tl: tl.edits.add(steer)),
+                edit_sites = {"module": ("layer2.0", lambda tl, v=steer: tl.edits.add(v)),
                               "op": ("layer1.0.relu:2",
                                      lambda tl: tl.edits.zero(index=(slice(None), 5)))}
             elif name == "gpt2":
@@ -101,7 +101,8 @@ def main() -> None:
                 with torch.no_grad():
                     add = next(op.label for op in tl_b.trace(model, x, save=None)
                                if op.func == "add" and op.module == "transformer.h.6")
-                edit_sites = {"module": ("transformer.h.6", lambda tl: tl.edits.add(steer)),
+                edit_sites = {"module": ("transformer.h.6",
+                                         lambda tl, v=steer: tl.edits.add(v)),
                               "op": (add, lambda tl: tl.edits.zero(index=(slice(None), 4)))}
 
             def plain(model: Any = model, x: Any = x) -> Any:
