@@ -1,5 +1,5 @@
-"""A step's recorder when an earlier step's graph is there to follow (every decoding step
-after the first). Each op is checked against the op the graph has at its place (function,
+"""The step follower: the part that leads a step's capture when an earlier step's graph is
+there to follow (every decoding step after the first; ``capture/seam.py``: ``lead``). Each op is checked against the op the graph has at its place (function,
 module call, inputs, parameters, dtype), and an op that agrees keeps only its time and, where
 they differ, its costs (a KV cache grows every step). The first op that departs from the
 graph turns the step into a full capture from there on: the ops before it keep the graph's
@@ -10,7 +10,7 @@ step ends: ``Follower``), and, once a step was checked op by op, by the flow of 
 alone (``_flow``); a graph too large to hold is checked as each op runs.
 
 Following is for metadata-only steps (``save=None``, no edits) whose graph wrote nothing in
-place; anything else is captured by ``Recorder`` itself.
+place; anything else the recorder records itself (the follower then leads nothing).
 """
 
 from __future__ import annotations
