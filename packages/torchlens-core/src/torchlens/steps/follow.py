@@ -1,6 +1,7 @@
 """The step follower: the part that leads a step's capture when an earlier step's graph is
-there to follow (every decoding step after the first; ``capture/seam.py``: ``lead``). Each op is checked against the op the graph has at its place (function,
-module call, inputs, parameters, dtype), and an op that agrees keeps only its time and, where
+there to follow (every decoding step after the first; ``capture/seam.py``: ``lead``). Each
+op is checked against the op the graph has at its place (function, module call, inputs,
+parameters, dtype), and an op that agrees keeps only its time and, where
 they differ, its costs (a KV cache grows every step). The first op that departs from the
 graph turns the step into a full capture from there on: the ops before it keep the graph's
 records, and it and the rest get the records the recorder makes.
