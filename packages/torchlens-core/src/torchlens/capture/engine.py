@@ -137,12 +137,12 @@ def _capture(request: CaptureRequest, parts: list) -> Trace:
         else kept.open(inv.modules, state, calls, save_modules, seam)  # removed below
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
-    live = "output" in needs or request.keep_output
+    keep_out = request.keep_output or not needs.isdisjoint({"output", "live"})
     try:
         with quiet_hooks(model, offloaded, state), eager(), mode:
             out = model(*args, **kwargs)
         session.structure = _output_node(state, out, "", 0, [0])
-        if live or "live" in needs:
+        if keep_out:
             session.output = out
         del out  # what the forward returned is copied; let its graph go before settling
     except BaseException as exc:
