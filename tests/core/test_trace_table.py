@@ -40,7 +40,7 @@ def test_str_is_a_table_of_every_op_of_a_short_trace():
     assert lines[0].startswith("Trace of Sequential: 3 ops, 23 params")
     assert all(h in lines[1] for h in HEADERS)
     linear = next(line for line in lines if " linear_1 " in line)
-    assert "linear" in linear and " 0 " in linear and "(2, 3)" in linear
+    assert "linear" in linear and " 0 " in linear and "2×3" in linear
     assert "15" in linear and "48" in linear  # 12 + 3 params, 2*2*3*4 FLOPs
     for op in trace:
         assert f" {op.label} " in text

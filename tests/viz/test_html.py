@@ -98,4 +98,4 @@ def test_declared_input_carries_the_provenance_banner(in_tmp):
     drawing = tl.draw(nn.Sequential(nn.Linear(4, 3), nn.ReLU()), input_shape=(2, 4),
                       path="p.html")
     banner = page_data(drawing.data.decode())["banner"]
-    assert banner.startswith("Input: declared") and "2x4" in banner
+    assert banner.startswith("Input: declared") and "2×4" in banner

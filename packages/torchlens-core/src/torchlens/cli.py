@@ -142,14 +142,15 @@ def _show(args) -> int:
     import torchlens as tl
 
     from .summary import describe_provenance
+    from .units import format_shape
 
     trace = tl.load(args.file)
     print(repr(trace))  # the one-line header; the op listing below honours --limit
     print(describe_provenance(trace.provenance))
     width = max((len(op.label) for op in trace), default=5)
     for op in trace.ops[: args.limit]:
-        shape = "x".join(map(str, op.shape)) if op.shape else "-"
-        print(f"{op.label:<{width}}  {op.func:<24} {shape:<20} {op.module or ''}")
+        print(f"{op.label:<{width}}  {op.func:<24} {format_shape(op.shape):<20} "
+              f"{op.module or ''}")
     if len(trace) > args.limit:
         print(f"... {len(trace) - args.limit} more (use --limit)")
     return EXIT_OK

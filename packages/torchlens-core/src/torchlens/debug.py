@@ -19,6 +19,7 @@ from .capture.inference import outside_inference_mode
 from .capture.policy import pending_lazy, pinned
 from .errors import CaptureError, InputError, InputTypeError
 from .ladder import ABSENT, MAX_PROBES, Resolution, infer, resolve
+from .units import format_shape
 
 __all__ = ["MAX_PROBES", "Guess", "explain", "guess_input_shape", "resolve_input"]
 
@@ -97,7 +98,7 @@ def resolve_input(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dic
 
 
 def _shape(s: dict[str, Any]) -> str:
-    return "x".join(map(str, s["shape"])) if s.get("shape") is not None else "-"
+    return format_shape(s.get("shape"))
 
 
 def explain(trace: Any) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .units import format_shape
+
 
 class EditLog(list):
     """Rows (dicts): site, label, pass, module, kind, shape, index, norm of the change, and
@@ -30,7 +32,7 @@ class EditLog(list):
                 continue
             norm = f"{row['norm']:.4g}" + (" (exactly zero)" if row["zero_change"] else "")
             lines.append((row["site"], row["label"] or "", str(row["pass"]),
-                          row["module"] or "<model>", row["kind"], "x".join(map(str, row["shape"])),
+                          row["module"] or "<model>", row["kind"], format_shape(row["shape"]),
                           row["index"] or "", norm))
         widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
         return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip()

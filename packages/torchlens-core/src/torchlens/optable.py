@@ -11,7 +11,7 @@ import html
 from typing import Any
 
 from .errors import TorchLensError
-from .units import human
+from .units import format_shapes, human
 
 HEADERS = ("#", "Label", "Function", "Module", "Output shape", "Params", "FLOPs", "Time (ms)")
 EDGE = 15  # rows shown at each end of a trace longer than 2 * EDGE + 1 ops
@@ -35,8 +35,7 @@ def _params(op: Any, sizes: dict[str, int]) -> int:
 
 def _shape(op: Any) -> str:
     shapes = op.out_shapes or ([op.shape] if op.shape is not None else [])
-    text = ", ".join("(" + ", ".join(map(str, s)) + ")" for s in shapes[:2])
-    return (text + (", ..." if len(shapes) > 2 else "")) or "--"
+    return format_shapes(shapes, most=2)
 
 
 def cells(op: Any, sizes: dict[str, int]) -> list[str]:

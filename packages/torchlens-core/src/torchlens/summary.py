@@ -9,7 +9,7 @@ from typing import Any
 from .errors import TorchLensError
 from .sites import name_of
 from .trace import Trace
-from .units import human
+from .units import format_shape, format_shapes, human
 
 COLUMNS = ("layer", "type", "output_shape", "params", "params_pct", "flops", "macs", "time_ms")
 HEADERS = ("Layer (type)", "Output shape", "Params", "% params", "FLOPs", "MACs", "Time (ms)")
@@ -19,20 +19,13 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-def _shape_text(shapes: list[list[int]]) -> str:
-    if not shapes:
-        return "--"
-    text = ", ".join("[" + ", ".join(map(str, s)) + "]" for s in shapes[:2])
-    return text + (", ..." if len(shapes) > 2 else "")
-
-
 def describe_provenance(prov: dict[str, Any]) -> str:
     """One line saying where the input came from."""
     origin = prov.get("origin", "gold")
     slots = prov.get("slots") or []
     parts = []
     for s in slots[:4]:
-        shape = "x".join(map(str, s.get("shape", []))) if s.get("shape") else s.get("kind", "?")
+        shape = format_shape(s["shape"]) if s.get("shape") else s.get("kind", "?")
         parts.append(f"{s.get('slot')}: {shape} {s.get('dtype') or ''} ({s.get('recipe')})"
                      .replace("  ", " "))
     what = "; ".join(parts) or "no tensors"
@@ -189,8 +182,9 @@ class Summary:
                 f"{params} +{row['tied_params']:,} tied"
         pct = "--" if row.get("op") or row["pass_num"] > 1 else f"{row['params_pct']:.1f}%"
         time_ms = "--" if row["time_ms"] is None else f"{row['time_ms']:.3f}"
-        cells = [f"{indent}{row['layer']} ({row['type']})", _shape_text(row["output_shape"]),
-                 params, pct, human(row["flops"]), human(row["macs"]), time_ms]
+        cells = [f"{indent}{row['layer']} ({row['type']})",
+                 format_shapes(row["output_shape"], most=2), params, pct, human(row["flops"]),
+                 human(row["macs"]), time_ms]
         if self.grads is not None:
             norm = row.get("grad_norm")
             cells.append("--" if norm is None else f"{norm:.4g}")

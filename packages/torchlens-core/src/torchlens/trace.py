@@ -16,6 +16,7 @@ from .collector import paused
 from .edit_log import EditLog
 from .errors import LookupFailed, TorchLensError, grads_unavailable
 from .sites import split_pass
+from .units import format_shape
 
 NO_GRAD = object()  # an op's gradient when none of its outputs needs one
 
@@ -111,7 +112,7 @@ class Op:
 
     def __repr__(self) -> str:
         where = f" in {self.module or '<model>'}" if self.kind == "op" else ""
-        shape = "x".join(map(str, self.shape)) if self.shape is not None else "-"
+        shape = format_shape(self.shape)
         return f"<Op {self.label}: {self.func} -> {shape} {self.dtype or ''}{where}>"
 
 

@@ -26,6 +26,7 @@ from ..errors import InputError, InputTypeError, add_note, warn
 from ..sites import name_of, split_pass
 from ..sites import resolve as resolve_site
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
+from ..units import format_shapes
 from ..version import __version__ as _tl_version
 from .boundaries import fields_of, leaves
 from .boundaries import install as install_boundaries
@@ -580,7 +581,7 @@ def _attach_failure(exc: BaseException, state: CaptureState, partial: Trace) -> 
     if failure is not None:
         where = (
             f"torchlens: the forward raised in op #{failure['after_op'] + 1} "
-            f"'{failure['func']}' (inputs {failure['input_shapes']}) in module "
+            f"'{failure['func']}' (inputs {format_shapes(failure['input_shapes'])}) in module "
             f"'{failure['module'] or '<model>'}' (pass {failure['module_pass']}); "
         )
     else:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..errors import CaptureError, InputError
+from ..units import format_shape
 
 MATERIALIZE_TEACH = ("model = Model(config)  # build it on a real device (or "
                      "model.to_empty(device='cpu') and load weights), then call again")
@@ -73,7 +74,8 @@ def check_inputs(model: nn.Module, args: tuple, kwargs: dict, surface: str, inv:
         if isinstance(value, torch.Tensor) and not value.is_meta:
             raise InputError(
                 f"{type(model).__name__} is on the meta device but got a {value.device.type} "
-                f"tensor of shape {tuple(value.shape)}: a meta model computes shapes, not values",
+                f"tensor of shape {format_shape(value.shape)}: a meta model computes shapes, not "
+                "values",
                 code="meta_values_unavailable",
                 teach=[f"tl.{surface}(model, input_shape={tuple(value.shape)})  # the same shape, "
                        "made on the model's device", MATERIALIZE_TEACH])

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TorchLensError
+from ..units import format_shape
 from .match import match_ops
 from .metrics import REARRANGE, STAT_KEYS, value_stats, within
 from .union import union_trace
@@ -17,10 +18,6 @@ ATOL, RTOL = 1e-5, 1.3e-6  # torch.testing's float32 tolerances
 BY = {"relative": True, "max_abs": True, "outside": True, "cosine": False}  # larger is worse?
 VALUES_TEACH = ['tl.trace(model, x, save="all")  # every value, on both sides',
                 'tl.trace(model, x, save=["transformer.h.*"])  # or the sites to compare']
-
-
-def _shape(shape: Any) -> str:
-    return "×".join(map(str, shape)) if shape else ("scalar" if shape == [] else "-")
 
 
 @dataclass
@@ -107,8 +104,8 @@ class Comparison:
         if x is None or y is None:
             return DiffRow(
                 x.label if x else None, y.label if y else None, "removed" if y is None else
-                "added", op.func, op.module, shape_a=_shape(x.shape) if x else "",
-                shape_b=_shape(y.shape) if y else "", dtype_a=x.dtype or "" if x else "",
+                "added", op.func, op.module, shape_a=format_shape(x.shape) if x else "",
+                shape_b=format_shape(y.shape) if y else "", dtype_a=x.dtype or "" if x else "",
                 dtype_b=y.dtype or "" if y else "", values="on one side only",
                 flops_a=x.flops if x else None, flops_b=y.flops if y else None,
                 time_ns_a=x.time_ns if x else 0, time_ns_b=y.time_ns if y else 0)
@@ -116,12 +113,12 @@ class Comparison:
         if x.func != y.func:
             changes.append(f"function {x.func} → {y.func}")
         if x.out_shapes != y.out_shapes:
-            changes.append(f"shape {_shape(x.shape)} → {_shape(y.shape)}")
+            changes.append(f"shape {format_shape(x.shape)} → {format_shape(y.shape)}")
         if x.dtype != y.dtype:
             changes.append(f"dtype {x.dtype} → {y.dtype}")
         row = DiffRow(x.label, y.label, "changed" if changes else "matched", y.func, y.module,
-                      changes, _shape(x.shape), _shape(y.shape), x.dtype or "", y.dtype or "",
-                      flops_a=x.flops, flops_b=y.flops, time_ns_a=x.time_ns,
+                      changes, format_shape(x.shape), format_shape(y.shape), x.dtype or "",
+                      y.dtype or "", flops_a=x.flops, flops_b=y.flops, time_ns_a=x.time_ns,
                       time_ns_b=y.time_ns)
         if x.saved and y.saved:
             source = self._rearranged(x, y)

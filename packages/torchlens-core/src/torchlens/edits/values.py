@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..errors import EditError, InputError, InputTypeError
 from ..trace import Trace
+from ..units import format_shape
 
 
 class Where:
@@ -281,7 +282,7 @@ class _Skip(Edit):
         if tuple(value.shape) != tuple(part.shape):
             raise edit_error("edit_shape_mismatch", where,
                              f"tl.edits.skip at {where.site!r}: its input has shape "
-                             f"{list(value.shape)}, its output {list(part.shape)}")
+                             f"{format_shape(value.shape)}, its output {format_shape(part.shape)}")
         return value
 
 
@@ -317,8 +318,8 @@ def fit(value: Tensor, part: Tensor, where: Where) -> Tensor:
     if shape != part.shape:
         raise edit_error("edit_shape_mismatch", where,
                          f"the edit at {where.site!r} ({where.label or where.key}) gives shape "
-                         f"{list(value.shape)}, which does not fit the value's "
-                         f"{list(part.shape)}")
+                         f"{format_shape(value.shape)}, which does not fit the value's "
+                         f"{format_shape(part.shape)}")
     if value.is_complex() and not part.is_complex():
         raise edit_error("edit_dtype_mismatch", where,
                          f"the edit at {where.site!r} gives {value.dtype}, which cannot be cast "

@@ -14,6 +14,7 @@ from ..capabilities import provide
 from ..errors import GRADS_TEACH, GradError, grads_unavailable
 from ..sites import split_pass
 from ..trace import NO_GRAD
+from ..units import format_shape
 from .observer import GradObserver
 
 
@@ -49,8 +50,8 @@ def _target(trace: Any, state: GradState, target: Any) -> Tensor:
                         code="grads_target_invalid",
                         teach=["trace.backward(trace.output.sum())"])
     if target.numel() != 1:
-        raise GradError(f"the target has shape {list(target.shape)}: a backward starts from "
-                        "one number", code="grads_target_invalid",
+        raise GradError(f"the target has shape {format_shape(target.shape)}: a backward starts "
+                        "from one number", code="grads_target_invalid",
                         teach=["trace.backward(target.sum())", "trace.backward(target[0, 3])"])
     if not target.requires_grad:
         raise GradError("the target does not depend on anything that needs a gradient (was it "

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..capabilities import provide
 from ..trace import NO_GRAD
+from ..units import format_shape
 
 
 class GradTable(list):
@@ -37,7 +38,7 @@ class GradTable(list):
             return "no gradients (run trace.backward(target) on a save_grads= trace)"
         head = ("label", "module", "shape", "grad norm", "max abs")
         lines = [head] + [(r["label"], r["module"] or "<model>",
-                           "x".join(map(str, r["shape"] or [])),
+                           format_shape(r["shape"]),
                            "-" if r["norm"] is None else f"{r['norm']:.4g}",
                            r["note"] or f"{r['max_abs']:.4g}") for r in self]
         widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]

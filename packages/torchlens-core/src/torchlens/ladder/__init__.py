@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import CaptureError, InputError, InputTypeError, TorchLensError, add_note
+from ..units import format_shape
 from . import provenance as prov
 from .infer import MAX_PROBES, Inference, infer
 from .real import resolve_real
@@ -101,7 +102,7 @@ def forward_errors(res: Resolution, surface: str = "trace") -> Iterator[None]:
                           f"tl.{surface}(model, (x,))")
         if res.provenance.get("origin") != "declared" or isinstance(exc, TorchLensError):
             raise
-        shapes = ", ".join(f"{s['slot']}: {tuple(s['shape'])} {s['dtype']} {s['recipe']}"
+        shapes = ", ".join(f"{s['slot']}: {format_shape(s['shape'])} {s['dtype']} {s['recipe']}"
                            for s in res.provenance["slots"])
         teach = [f"tl.{surface}(model, x)  # pass the real call",
                  f"tl.{surface}(model, input_shape=...)  # a shape this forward accepts",

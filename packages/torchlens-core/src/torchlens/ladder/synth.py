@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from ..units import format_shape
 from .recipes import Recipe
 
 SEED = 0
@@ -35,8 +36,8 @@ def synthesize(recipes: list[Recipe], device: torch.device) -> list[torch.Tensor
             out.append(_draw(r, g).to(device))
         except (RuntimeError, MemoryError) as exc:
             raise InputError(
-                f"cannot make a {tuple(r.shape)} {str(r.dtype).removeprefix('torch.')} input on "
-                f"{device}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                f"cannot make a {format_shape(r.shape)} {str(r.dtype).removeprefix('torch.')} "
+                f"input on {device}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
                 code="input_shape_invalid",
                 teach=["tl.trace(model, input_shape=(1, ...))  # a smaller shape",
                        "tl.trace(model, x)  # or the real input"]) from exc

@@ -20,6 +20,7 @@ from ..edits.plan import EditPlan
 from ..edits.values import Edit, fit, source_value
 from ..errors import CaptureError, InputError, InputTypeError
 from ..sites import resolve
+from ..units import format_shape, format_shapes
 from .grid import PatchingSweep
 
 SURFACE = "patching.sweep"
@@ -130,8 +131,9 @@ def _check_inputs(good: Any, bad: Any, batch_size: int) -> None:
     a, b = leaves((good.args, good.kwargs), []), leaves((bad.args, bad.kwargs), [])
     if [tuple(t.shape) for t in a] != [tuple(t.shape) for t in b]:
         raise InputError(
-            f"the clean and corrupt inputs differ in shape ({[list(t.shape) for t in a]} vs "
-            f"{[list(t.shape) for t in b]}): a patch moves values between the same positions",
+            f"the clean and corrupt inputs differ in shape ({format_shapes(t.shape for t in a)} "
+            f"vs {format_shapes(t.shape for t in b)}): a patch moves values between the same "
+            "positions",
             code="patching_inputs_mismatch",
             teach=["pad or truncate both prompts to the same number of tokens"])
     if batch_size > 1 and any(t.dim() == 0 or t.shape[0] != 1 for t in b):
@@ -158,8 +160,8 @@ def _positions(source: Any, row: str) -> int:
     value = (target.calls[0] if hasattr(target, "calls") else target).out
     value = value[0] if isinstance(value, tuple) else value
     if value.dim() < 2:
-        raise InputError(f"the value at {row!r} has shape {list(value.shape)}: no dimension 1 "
-                         "to sweep", code="option_invalid",
+        raise InputError(f"the value at {row!r} has shape {format_shape(value.shape)}: no "
+                         "dimension 1 to sweep", code="option_invalid",
                          teach=["tl.patching.sweep(..., sites=[...])  # sites with positions"])
     return value.shape[1]
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError
+from ..units import format_shape
 from ..verbs import generator
 from .rows import Keeper, Rows
 
@@ -80,7 +81,7 @@ def _first(trace: Any, site: str) -> torch.Tensor:
     value = holder.out
     value = value[0] if isinstance(value, tuple) else value
     if value.dim() < 2:
-        raise InputError(f"{site!r} has shape {list(value.shape)}: a generation's rows are "
+        raise InputError(f"{site!r} has shape {format_shape(value.shape)}: a generation's rows are "
                          "per token, so a site needs (batch, tokens, ...)",
                          code="recording_value_unsupported",
                          teach=["tl.record(lm, prompts, generate={...}, save=["

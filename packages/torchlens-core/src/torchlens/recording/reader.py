@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import InputError
+from ..units import format_shape
 from .manifest import MANIFEST, RecordingError, merge, read_json
 from .writer import OFFSETS
 
@@ -214,7 +215,7 @@ class LabelView(_Units):
 
     def __repr__(self) -> str:
         unit = "tokens per row" if self.ragged else "per row"
-        return f"<{self.label!r}: {len(self)} rows, {list(self.shape)} {self.dtype} {unit}>"
+        return f"<{self.label!r}: {len(self)} rows, {format_shape(self.shape)} {self.dtype} {unit}>"
 
     def spans(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token labels: each row's first token (within its shard) and token count."""
@@ -276,7 +277,8 @@ class TokenView(_Units):
         return int(self._cum[-1])
 
     def __repr__(self) -> str:
-        return f"<{self.label!r} tokens: {len(self)} x {list(self.shape)} {self.dtype}>"
+        shape = format_shape((len(self), *self.shape))
+        return f"<{self.label!r} tokens: {shape} {self.dtype}>"
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         if isinstance(index, int):

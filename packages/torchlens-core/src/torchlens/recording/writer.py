@@ -23,6 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from ..errors import InputError
+from ..units import format_shape
 from .manifest import (
     MANIFEST,
     OVERWRITE_TEACH,
@@ -193,10 +194,10 @@ class ShardWriter:
                 elif list(rows.units.shape[1:]) != want["shape"] or dtype_name(
                         rows.units.dtype) != want["dtype"] or (
                         rows.lengths is not None) != want["ragged"]:
-                    problem = (f"{key!r} has rows of shape {list(rows.units.shape[1:])} "
+                    problem = (f"{key!r} has rows of shape {format_shape(rows.units.shape[1:])} "
                                f"{dtype_name(rows.units.dtype)}"
                                f"{' per token' if rows.lengths is not None else ''}, earlier "
-                               f"{want['shape']} {want['dtype']}"
+                               f"{format_shape(want['shape'])} {want['dtype']}"
                                f"{' per token' if want['ragged'] else ''}")
                 elif rows.lengths is None and rows.units.shape[0] != n_rows:
                     problem = f"{key!r} has {rows.units.shape[0]} rows for {n_rows} example(s)"
@@ -303,7 +304,7 @@ def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]
 
 def _kind(value: Any) -> str:
     if isinstance(value, Rows):
-        return f"a tensor of shape {list(value.units.shape)}"
+        return f"a tensor of shape {format_shape(value.units.shape)}"
     if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {list(value.shape)}"
+        return f"a tensor of shape {format_shape(value.shape)}"
     return f"a {type(value).__name__}"

@@ -6,6 +6,7 @@ nothing here imports graphviz.
 
 from __future__ import annotations
 
+from ..units import format_shape
 from .build import build_view
 from .draw import draw_trace, render_drawing, validate_options
 from .drawing import Drawing
@@ -13,7 +14,7 @@ from .options import DIALS, DrawOptionError, check_options
 from .renderers import Renderer, RendererError, available_renderers, choose_renderer
 from .steps import draw_run
 from .themes import THEMES, Theme
-from .view import GraphView, ViewCluster, ViewEdge, ViewNode, format_count, format_shape
+from .view import GraphView, ViewCluster, ViewEdge, ViewNode, format_count
 
 __all__ = [
     "DIALS", "Drawing", "DrawOptionError", "GraphView", "Renderer", "RendererError", "THEMES",

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import LookupFailed
 from ..sites import name_of, split_pass
+from ..units import format_shape
 from .collapse import Remap, Structure, expanded_calls, fold_repeats, roll_passes
 from .groups import Synthetic, group_stacks, is_synthetic
 from .metric import largest, op_metrics
@@ -21,7 +22,6 @@ from .view import (
     detail_line,
     diff_line,
     edit_line,
-    format_shape,
     largest_diff,
 )
 
@@ -213,7 +213,7 @@ class _Builder:
         count = max(count, self.remap.op_count.get(op.label, 1))
         if count > 1:
             title += f" ×{count}"
-        shape = format_shape(op.shape)
+        shape = format_shape(op.shape, unknown="")
         params = sum(self.trace.params.get(p, {}).get("numel", 0) for p in op.params or ())
         lines.append(detail_line(shape, params, op.dtype))
         edits = self.edits_in([op.label])
@@ -248,7 +248,7 @@ class _Builder:
             title = self._call_name(key, cluster) + (f" ×{count}" if count > 1 else "")
             lines = [call.type]
             params = modules[call.address].num_params
-        shape = format_shape(self._call_shape(members[-1]))
+        shape = format_shape(self._call_shape(members[-1]), unknown="")
         lines.append(detail_line(shape, params))
         edits = self.edits_in([op for m in members for op in self.full.calls[m].ops])
         if edits:
@@ -364,7 +364,7 @@ class _Builder:
               ) -> None:
         if (tail, head) not in self.edges:
             source = self.by_label[source_label]
-            label = format_shape(source.shape)
+            label = format_shape(source.shape, unknown="")
             dest = self.by_label.get(dest_label) if dest_label else None
             if dest is not None and source.device and dest.device and \
                     source.device != dest.device:  # a model split over devices: say where
@@ -378,7 +378,7 @@ class _Builder:
             op = self.by_label[label]
             where = op.module or ("input" if op.kind == "input" else "model")
             lines = [f"{'from' if side == 'in' else 'to'} {where}"]
-            shape = format_shape(op.shape)
+            shape = format_shape(op.shape, unknown="")
             if side == "in":
                 lines.append(detail_line(shape, 0, op.dtype))
             self.nodes[node_id] = ViewNode(node_id, "boundary", label, lines, shape)

@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..sites import split_pass
+from ..units import format_shape
 from .build import _Builder, shorten
 from .collapse import expanded_calls
 from .groups import is_synthetic
 from .metric import largest
 from .options import DrawOptions
 from .themes import Theme
-from .view import detail_line, diff_line, edit_line, format_shape, largest_diff
+from .view import detail_line, diff_line, edit_line, largest_diff
 
 PAGE_SCHEMA = 1
 SEGMENT = 32  # at most this many items on one level of the page's tree
@@ -102,7 +103,7 @@ class _Page:
         for op in b.scoped:
             label = op.label
             params = b._op_params(label)
-            shape = format_shape(op.shape)
+            shape = format_shape(op.shape, unknown="")
             alias = remap.alias.get(label)
             rep = remap.group_of.get(label)
             cols["label"].append(label)
@@ -196,7 +197,7 @@ class _Page:
             time_ns = module.calls[index].time_ns if index < len(module.calls) else 0
             shape = b._call_shape(key)
             kind = "module"
-        shape_text = format_shape(shape)
+        shape_text = format_shape(shape, unknown="")
         flops = [op.flops for op in ops if op.flops is not None]
         name = self._name(key)
         rep = key if key in b.remap.members else None

@@ -10,9 +10,9 @@ from typing import Any
 
 from ..capabilities import provide
 from ..errors import StepError
+from ..units import format_shape
 from .draw import draw_with_pages, validate_options
 from .page import PageModel, build_page
-from .view import format_shape
 
 
 @provide("draw_steps")
@@ -51,8 +51,8 @@ def _step_page(run: Any, current: int, opts: Any) -> Any:
         trace = run[i]
         by_label = {op.label: op for op in trace.ops}
         ops = [by_label[label] for label in labels]
-        shapes = {k: format_shape(op.shape) for k, op in enumerate(ops)
-                  if format_shape(op.shape) != template[k]}
+        shapes = {k: format_shape(op.shape, unknown="") for k, op in enumerate(ops)
+                  if format_shape(op.shape, unknown="") != template[k]}
         step = run._steps[i]
         rows.append({"step": i, "graph": g, "token": step.token,
                      "time_ms": round(step.time_ns / 1e6, 3),

@@ -6,7 +6,6 @@ and no reference to the trace, so renderers (and the Drawing) never keep a captu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,16 +118,6 @@ def largest_diff(diffs: list[dict[str, Any]]) -> tuple[float | None, str]:
     line = "all equal" if worst["relative"] == 0 else \
         f"largest Δ rel {worst['text']['relative']} at {worst['b']}"
     return worst["relative"], " · ".join([line, *sides])
-
-
-def format_shape(shape: Sequence[int | None] | None) -> str:
-    """``(1, 3, 224, 224)`` → ``"1×3×224×224"``; a scalar → ``"scalar"``; unknown → ``""``; a
-    nested tensor's ragged dimension (None) → ``"?"``."""
-    if shape is None:
-        return ""
-    if len(shape) == 0:
-        return "scalar"
-    return "×".join("?" if d is None else str(int(d)) for d in shape)
 
 
 def format_count(n: int) -> str:
