@@ -56,6 +56,13 @@ def torchlens_tied_parameters(model):
 
 
 @hookspec
+def torchlens_transformer_hints(model):
+    """What a plugin knows of a transformer's anatomy, as a dict (None: not mine): ``n_heads``,
+    ``n_kv_heads``, ``d_head``, ``parallel_residual``, ``rotary``, and the addresses ``embed``,
+    ``pos_embed``, ``unembed``. A hint: the op graph decides, and a disagreement refuses."""
+
+
+@hookspec
 def torchlens_renderers():
     """Rendering backends: a mapping of renderer name to a renderer class."""
 

@@ -2,8 +2,11 @@
 
 A site is an op label (``relu_3``; ``linear_2:3`` one pass, the bare label every pass), a module
 address (``transformer.h.3.mlp``: the module's output; ``layer1.0:2`` one call), or a glob over
-module addresses (``transformer.h.*.mlp``). ``parse_site`` turns one string into a ``Site``
-against the model's module addresses, before any forward runs.
+module addresses (``transformer.h.*.mlp``), or a name of the transformer vocabulary that
+TransformerLens taught the field (``blocks.3.hook_resid_post``, ``blocks.*.attn.hook_pattern``, the
+short form ``resid_post.3``): kind "name", resolved from the op graph by ``torchlens.anatomy``.
+``parse_site`` turns one string into a ``Site`` against the model's module addresses, before any
+forward runs.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import fnmatch
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import InputError, SiteUnknown
 
@@ -30,6 +34,7 @@ class Site:
     kind: str
     name: str
     pass_num: int | None = None
+    lens: Any = None  # a transformer name's view of its anchor (``anatomy.lens``)
 
     def matches(self, name: str, pass_num: int) -> bool:
         """Whether this site names the op or module ``name`` on pass ``pass_num``."""
@@ -69,10 +74,16 @@ def parse_site(text: str, addresses: Iterable[str]) -> list[Site]:
         pattern = _glob(text)
         matched = [a for a in known if pattern.fullmatch(a)]
         if not matched:
+            named = transformer_name(text)
+            if named is not None:
+                return [Site(text, "name", named)]
             raise SiteUnknown(text, _close(text.replace("*", "0"), known))
         return [Site(text, "module", a) for a in matched]
     if text in known_set:
         return [Site(text, "module", text)]
+    named = transformer_name(text)
+    if named is not None:
+        return [Site(text, "name", named)]
     address, pass_num = split_pass(text)
     if address in known_set and pass_num is not None and pass_num >= 1:
         return [Site(text, "module", address, pass_num)]
@@ -95,6 +106,62 @@ def resolve(text: str, addresses: Iterable[str], *, option: str, model_class: st
             teach=[example(c) for c in exc.close]
             + ["list(tl.trace(model, x, save=None).modules)  # every module address",
                "[op.label for op in tl.trace(model, x, save=None)]  # every op label"]) from None
+
+
+# The transformer vocabulary: the names of one block (after ``blocks.{L}.``) and of the model
+BLOCK_HOOKS = (
+    "hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out",
+    "ln1.hook_normalized", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_rot_q",
+    "attn.hook_rot_k", "attn.hook_attn_scores", "attn.hook_pattern", "attn.hook_z",
+    "attn.hook_result", "ln2.hook_normalized", "mlp.hook_pre", "mlp.hook_post")
+MODEL_HOOKS = ("hook_embed", "hook_pos_embed", "ln_final.hook_normalized")
+# ``utils.get_act_name``'s short names (``"resid_pre.3"``, ``"pattern.3"``, ``"embed"``)
+SHORT = {hook.rpartition("hook_")[2]: hook for hook in BLOCK_HOOKS if hook.count("hook_") == 1
+         and not hook.startswith("ln")} | {"ln1": "ln1.hook_normalized",
+                                           "ln2": "ln2.hook_normalized",
+                                           "scores": "attn.hook_attn_scores"}
+_NAME = re.compile(r"blocks\.(?P<layer>\d+|\*)\.(?P<hook>[a-z0-9_.*]+)")
+_SHORT = re.compile(r"(?P<short>[a-z_0-9]+?)\.?(?P<layer>\d+|\*)")
+
+
+def transformer_name(text: str) -> str | None:
+    """The canonical transformer name (or a glob over them) that ``text`` spells, or None:
+    ``blocks.3.hook_resid_pre`` as it is, ``resid_pre.3`` / ``resid_pre3`` (TransformerLens's
+    ``utils.get_act_name("resid_pre", 3)``) as ``blocks.3.hook_resid_pre``, ``embed`` as
+    ``hook_embed``, ``ln_final`` as ``ln_final.hook_normalized``."""
+    if text in MODEL_HOOKS:
+        return text
+    if text in ("embed", "pos_embed"):
+        return "hook_" + text
+    if text in ("ln_final", "ln_final.hook_normalized", "normalized"):
+        return "ln_final.hook_normalized"
+    full = _NAME.fullmatch(text)
+    if full is not None:
+        hook = full["hook"]
+        if hook in BLOCK_HOOKS or (_GLOB.search(hook) and any(
+                fnmatch.fnmatchcase(h, hook) for h in BLOCK_HOOKS)):
+            return text
+        return None
+    short = _SHORT.fullmatch(text)
+    if short is not None and short["short"] in SHORT:
+        return f"blocks.{short['layer']}.{SHORT[short['short']]}"
+    return None
+
+
+def transformer_names(layers: int) -> list[str]:
+    """Every name of the vocabulary for a model of ``layers`` blocks, in forward order."""
+    return [MODEL_HOOKS[0], MODEL_HOOKS[1],
+            *(f"blocks.{layer}.{hook}" for layer in range(layers) for hook in BLOCK_HOOKS),
+            MODEL_HOOKS[2]]
+
+
+def match_names(pattern: str, names: Iterable[str]) -> list[str]:
+    """The names a canonical name or name glob matches (``*`` within one part)."""
+    if not _GLOB.search(pattern):
+        return [n for n in names if n == pattern]
+    regex = re.compile("".join("[^.]*" if p == "*" else re.escape(p)
+                               for p in re.split(r"(\*)", pattern)))
+    return [n for n in names if regex.fullmatch(n)]
 
 
 def expand_globs(texts: list[str], addresses: Iterable[str]) -> list[str]:

@@ -15,7 +15,7 @@ from .capabilities import lookup
 from .collector import paused
 from .edit_log import EditLog
 from .errors import LookupFailed, TorchLensError, grads_unavailable
-from .sites import split_pass
+from .sites import split_pass, transformer_name
 from .units import format_shape
 
 NO_GRAD = object()  # an op's gradient when none of its outputs needs one
@@ -306,7 +306,8 @@ class Trace:
         return True
 
     def __getitem__(self, key: int | str) -> Op | Module | ModuleCall:
-        """An op by label, pass label or index; a Module by address; a ModuleCall by "addr:pass"."""
+        """An op by label, pass label or index; a Module by address; a ModuleCall by "addr:pass";
+        a transformer name (``blocks.3.attn.hook_z``) as a ``transformer.Named``."""
         if isinstance(key, bool) or not isinstance(key, (int, str)):
             raise TypeError(f"trace keys are labels, indices or module addresses, not {key!r}")
         if isinstance(key, int):
@@ -329,6 +330,8 @@ class Trace:
             calls = self.modules[address].calls
             if 1 <= pass_num <= len(calls):
                 return calls[pass_num - 1]
+        if transformer_name(key) is not None:  # blocks.3.hook_resid_post: the transformer view
+            return lookup("transformer_name")(self, key)
         raise LookupFailed(
             f"no op label, pass label, index or module address matches {key!r}",
             code="key_not_found",

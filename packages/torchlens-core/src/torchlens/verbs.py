@@ -34,6 +34,7 @@ from .plugins import hook
 from .storage import load_trace
 from .summary import Summary
 from .trace import Trace
+from .anatomy import bind_request, has_names
 from .viz import render_drawing, validate_options
 
 _bn_warned = False
@@ -73,8 +74,10 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     ``trace.backward(target)``; ``grad_edits={site: edit}`` change the gradient there.
     """
     inv = checked_inventory(model, "trace")
-    parse_save(save, model, inv)
-    plan = plan_edits(edits, inv, model, allow_unfired, "trace")
+    names = has_names(save, edits, inv)  # bound below, once the input is resolved
+    if not names:
+        parse_save(save, model, inv)
+        plan = plan_edits(edits, inv, model, allow_unfired, "trace")
     grads = plan_grads(save_grads, grad_edits, inv, model)
     # what trace.push recomputes from: each op's call
     keeper = TemplateKeeper() if intervention_ready and save == "all" else None
@@ -92,18 +95,24 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         model, input, input_kwargs=input_kwargs, input_shape=input_shape, surface="trace",
         needs_values=needs_values, options=input_options(tokenizer, processor, preprocess, labels),
         probe=lambda a, k: pinned_capture(model, a, k, save=None, surface="trace"), inv=inv)
+    named = None
+    if names:
+        save, sites, named = bind_request(model, res.args, res.kwargs, inv, save, edits)
+        parse_save(save, model, inv)
+        plan = plan_edits(edits, inv, model, allow_unfired, "trace", named=sites)
     if grads is not None:  # a capture of its own, in the caller's grad mode
         args, kwargs = needing_grad(res.args, res.kwargs)
         with forward_errors(res, "trace"):
             result = capture(CaptureRequest(model, args, kwargs, save=save,
-                                            inventory=res.inventory), _parts(plan, grads, keeper))
+                                            inventory=res.inventory),
+                             _parts(plan, grads, keeper, named))
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     elif res.verified is not None:
         result = res.verified
-        if not saves_nothing(save) or plan is not None:
+        if not saves_nothing(save) or plan is not None or named is not None:
             check_save_budget(res.provenance, save)
             result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace",
-                                    parts=_parts(plan, keeper))
+                                    parts=_parts(plan, keeper, named))
             res.provenance["recapture"] = {
                 "reason": f"save={save!r} is not satisfied by the metadata-only verified capture"
                 if plan is None else "edits= apply to a capture of their own",
@@ -112,7 +121,8 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     else:
         with forward_errors(res, "trace"):
             result = capture(CaptureRequest(model, res.args, res.kwargs, save=save,
-                                            inventory=res.inventory), _parts(plan, keeper))
+                                            inventory=res.inventory),
+                             _parts(plan, keeper, named))
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
     _note_edits(result, plan)

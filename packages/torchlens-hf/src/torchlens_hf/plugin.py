@@ -12,7 +12,7 @@ from torch import nn
 from torchlens import hookimpl
 from torchlens.types import DecodedOutput, InputSpec, ResolvedInput
 
-from . import decode, generation, models, recipes, resolve
+from . import anatomy, decode, generation, models, recipes, resolve
 
 
 @hookimpl
@@ -63,3 +63,10 @@ def torchlens_load_model(path: str, meta: bool) -> nn.Module | None:
     """A local Hugging Face model folder (or its ``config.json``) for the command line, offline;
     with ``meta`` built from the config on the meta device."""
     return models.load_folder(path, meta=meta)
+
+
+@hookimpl
+def torchlens_transformer_hints(model: nn.Module) -> dict[str, Any] | None:
+    """Head counts, parallel residual, rotary positions and the (un)embedding modules from a
+    transformers model's config."""
+    return anatomy.hints(model)

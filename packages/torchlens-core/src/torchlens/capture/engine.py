@@ -86,6 +86,11 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
                              code="save_selection_invalid",
                              example=lambda c: f"tl.trace(model, x, save={[c]!r})")
         for site in sites:
+            if site.kind == "name":
+                raise InputError(
+                    f"save= names {text!r}, a transformer name, on a surface that does not "
+                    "bind transformer names", code="save_selection_invalid",
+                    teach=[f"tl.trace(model, x, save=[{text!r}])"])
             (labels.add(text) if site.kind == "op" else modules.add(site.name))
     return False, labels, modules
 

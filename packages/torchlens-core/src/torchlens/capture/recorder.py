@@ -445,7 +445,8 @@ class Recorder(TorchFunctionMode):
         if s.labelled:  # labels are needed now, to decide what to keep or to edit
             label, base, _ = s.label_for(name, frame)
             if s.seam is not None and base in s.seam.ops:
-                edited = s.seam.op(out, label, base, frame[1], frame, name, args, index, inplace)
+                edited = s.seam.op(out, label, base, frame[1], frame, name, args, kwargs, index,
+                                   inplace)
                 if edited is not out:
                     out = edited
                     if type(out) is Tensor or isinstance(out, Tensor):
@@ -455,7 +456,11 @@ class Recorder(TorchFunctionMode):
                         main = out_tensors[0]
                         if len(out_tensors) == 1:
                             out_tensors = None
-        shape, out_shapes, nbytes, flops = self.costs(name, args, kwargs, main, out_tensors)
+        if out_tensors is None and name not in FORMULAS and not main.is_nested:
+            shape = main.shape  # ``costs``' answer for the common op, without the call
+            shape, out_shapes, nbytes, flops = s.shapes.setdefault(shape, shape), None, None, None
+        else:
+            shape, out_shapes, nbytes, flops = self.costs(name, args, kwargs, main, out_tensors)
         is_view = not inplace and main._is_view()
         s.records.append((  # an OpRecord, as a plain tuple (``record.field``)
             name, frame, parents, params, buffers, shape, main.dtype, main.device, out_shapes,
@@ -674,7 +679,7 @@ class LightRecorder(Recorder):
         label = base if frame[1] == 1 else f"{base}:{frame[1]}"
         if s.seam is not None and base in s.seam.ops:
             first = args[0] if args else None
-            out = s.seam.op(out, label, base, frame[1], frame, name, args, None,
+            out = s.seam.op(out, label, base, frame[1], frame, name, args, kwargs or EMPTY, None,
                             out is first and name.endswith("_"))
             tensors = [out] if type(out) is Tensor else tensor_outputs(func, first, out)
         if label in s.save_labels or base in s.save_labels:

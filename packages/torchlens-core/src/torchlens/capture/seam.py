@@ -12,7 +12,7 @@ For one capture, ``engine.capture(request, parts)`` does::
     for part in parts: part.start(session)
     mode = leader.lead(recorder, session) or recorder   # at most one part leads
     with mode:                                   # the forward runs
-        ... out = part.op(out, label, base, pass_num, frame, func, args, index, inplace)
+        ... out = part.op(out, label, base, pass_num, frame, func, args, kwargs, index, inplace)
         ... output = part.module(state, address, pass_num, args, output)
     for part in parts: part.end(session)         # session.failed says how it ended
     trace = leader.trace(session) or <the Trace built from the records>
@@ -138,8 +138,9 @@ class Part:
         return None
 
     def op(self, out: Any, label: str, base: str, pass_num: int, frame: Any, func: str,
-           args: Any, index: int | None, inplace: bool) -> Any:
-        """After an op of ``ops`` ran: its value (the same object, or one to use instead)."""
+           args: tuple, kwargs: dict, index: int | None, inplace: bool) -> Any:
+        """After an op of ``ops`` ran (on ``args`` and ``kwargs``): its value (the same object,
+        or one to use instead)."""
         return out
 
     def module(self, state: Any, address: str, pass_num: int, args: tuple, output: Any) -> Any:

@@ -28,7 +28,7 @@ class EditPlan(Part):
     """Resolved edits of one call: op sites by base label, module sites by address."""
 
     def __init__(self, edits: Mapping, inv: Any, model: Any, *, allow_unfired: bool = False,
-                 surface: str = "trace"):
+                 surface: str = "trace", named: Mapping[str, list[Site]] | None = None):
         if not isinstance(edits, Mapping):
             raise InputTypeError(f"edits= takes a mapping {{site: edit}}, not "
                                  f"{type(edits).__name__}", code="edit_invalid",
@@ -46,11 +46,26 @@ class EditPlan(Part):
                                      teach=[f"tl.{surface}(model, x, edits={{'relu_3': "
                                             "tl.edits.zero()}})"])
             edit = as_edit(value)
-            sites = resolve(text, addresses, option="edits=", model_class=self.model_class,
-                            code="edit_site_unknown",
-                            example=lambda c: f"tl.{surface}(model, x, edits={{{c!r}: ...}})")
+            sites = (named or {}).get(text) or resolve(
+                text, addresses, option="edits=", model_class=self.model_class,
+                code="edit_site_unknown",
+                example=lambda c: f"tl.{surface}(model, x, edits={{{c!r}: ...}})")
             for site in sites:
-                edit.check(site.text if site.kind == "op" else site.name, self)
+                if site.kind == "name":
+                    raise InputError(
+                        f"edits= names {text!r}, a transformer name, on a surface that does "
+                        "not bind transformer names yet", code="edit_site_unknown",
+                        teach=["tl.trace(model, x, edits={'blocks.0.hook_resid_post': ...})"])
+                if site.lens is not None and not site.lens.editable:
+                    raise InputError(
+                        f"{text!r} is derived from the capture for reading (each head's "
+                        "share of the output); it has no tensor of the model's to edit",
+                        code="edit_name_read_only",
+                        teach=[f"tl.{surface}(model, x, edits={{'blocks.0.attn.hook_z': "
+                               "tl.edits.zero(head=3)}})  # edit the heads' values"])
+                _check_head(edit, site, text, surface)
+                edit.check(site.lens.name if site.lens is not None else
+                           site.text if site.kind == "op" else site.name, self)
                 self.entries.append((site, edit))
         self.ops: dict[str, list[tuple[Site, Edit]]] = {}
         self.modules: dict[str, list[tuple[Site, Edit]]] = {}
@@ -89,14 +104,15 @@ class EditPlan(Part):
 
     # ---- the seam ---------------------------------------------------------------------------
     def op(self, out: Any, label: str, base: str, pass_num: int, frame: list, func: str,
-           args: tuple, index: int, inplace: bool) -> Any:
+           args: tuple, kwargs: dict, index: int, inplace: bool) -> Any:
         """The recorder's seam: ``out`` with every edit of this op's site applied."""
         for site, edit in self.ops.get(base, ()):
             if site.pass_num is None or site.pass_num == pass_num:
                 inputs = [a for a in args if isinstance(a, Tensor)]
                 where = Where(site.text, label, base, pass_num, frame[0], func, None, inputs,
-                              label)
-                out = self._apply(edit, out, where, index, inplace)
+                              site.lens.name if site.lens is not None else label)
+                out = self._apply(edit, out, where, index, inplace, lens=site.lens,
+                                  call=(args, kwargs))
         return out
 
     def module(self, state: Any, address: str, pass_num: int, args: tuple, output: Any) -> Any:
@@ -119,30 +135,35 @@ class EditPlan(Part):
         return output
 
     def _apply(self, edit: Edit, out: Any, where: Where, index: int | None,
-               inplace: bool, item: Any = ...) -> Any:
-        """``out`` with ``edit`` applied to its ``item`` (default: the edit's own)."""
+               inplace: bool, item: Any = ..., lens: Any = None, call: tuple = ((), {})) -> Any:
+        """``out`` with ``edit`` applied to its ``item`` (default: the edit's own); through
+        ``lens`` (a transformer name's view of the op's output, read from its ``call``)."""
         item = edit.item if item is ... else item
-        value = _pick(out, item, where)
+        anchor = _pick(out, item, where)
+        value = anchor if lens is None else lens.read(anchor, *call)
         where.shape = list(value.shape)
-        part = value if edit.index is None else value[edit.index]
+        where_index = _index(edit, lens)
+        part = value if where_index is None else value[where_index]
         new = edit.new(part, where)
         if tuple(new.shape) != tuple(part.shape) or new.dtype != part.dtype:
             new = fit(new, part, where).expand(part.shape)
         change = (new.detach().double() - part.detach().double()).norm()
-        if inplace:  # the op wrote its input: the edit writes it too, where readers look
-            part.copy_(new)
-            result = out
-        elif edit.index is None:
-            result = _put(out, item, new, where)
-        else:
+        if where_index is not None:
             whole = value.clone()
-            whole[edit.index] = new
-            result = _put(out, item, whole, where)
+            whole[where_index] = new
+            new = whole
+        if lens is not None:
+            new = lens.write(anchor, new, *call)
+        if inplace:  # the op wrote its input: the edit writes it too, where readers look
+            anchor.copy_(new)
+            result = out
+        else:
+            result = _put(out, item, new, where)
         self.norms.append(change)
         self.fired.append({
             "site": where.site, "label": where.label, "pass": where.pass_num,
             "module": where.module, "op_index": index, "kind": edit.kind,
-            "shape": where.shape, "index": index_text(edit.index), "item": edit.item
+            "shape": where.shape, "index": index_text(where_index), "item": edit.item
             if isinstance(edit.item, (int, str)) or edit.item is None else repr(edit.item),
         })
         return result
@@ -203,6 +224,40 @@ class EditPlan(Part):
                + "  # keep going, and list it in trace.edits"])
         err.partial_trace = partial
         raise err
+
+
+def _check_head(edit: Edit, site: Site, text: str, surface: str) -> None:
+    """``head=`` needs a site whose layout has a head axis, and an ``index`` that leaves it."""
+    if edit.head is None:
+        return
+    axis = site.lens.head_axis if site.lens is not None else None
+    if axis is None:
+        raise InputError(
+            f"head= at {text!r}: the value there has no head axis (head= takes an attention "
+            "name: blocks.{L}.attn.hook_z, hook_q, hook_k, hook_v, hook_pattern, "
+            "hook_attn_scores, hook_result)", code="edit_head_not_attention",
+            teach=[f"tl.{surface}(model, x, edits={{'blocks.0.attn.hook_z': "
+                   "tl.edits.zero(head=3)}})"])
+    index = edit.index if isinstance(edit.index, tuple) else (
+        () if edit.index is None else (edit.index,))
+    if Ellipsis in index or len(index) > axis and index[axis] != slice(None):
+        raise InputError(
+            f"head= and index={index_text(edit.index)} at {text!r} both address axis {axis}, "
+            "the head axis", code="edit_invalid",
+            teach=[f"tl.edits.zero(index={index_text((*index[:axis], slice(None)))}, "
+                   "head=...)  # ':' on the head axis"])
+
+
+def _index(edit: Edit, lens: Any) -> Any:
+    """The edit's index in its value's layout, with ``head=`` on the lens's head axis."""
+    if edit.head is None:
+        return edit.index
+    index = edit.index if isinstance(edit.index, tuple) else (
+        () if edit.index is None else (edit.index,))
+    axis = lens.head_axis
+    padded = [*index, *([slice(None)] * (axis + 1 - len(index)))]
+    padded[axis] = list(edit.head) if isinstance(edit.head, (list, tuple)) else edit.head
+    return tuple(padded)
 
 
 def _by_text(entries: list[tuple[Site, Edit]]) -> list[tuple[str, Edit]]:
@@ -275,8 +330,10 @@ def _swap(value: Any, old: Tensor, new: Tensor, depth: int) -> Any:
 
 
 def plan_edits(edits: Any, inv: Inventory, model: nn.Module, allow_unfired: bool,
-               surface: str) -> EditPlan | None:
-    """``edits=`` resolved before any forward runs (None: no edits, the unedited capture)."""
+               surface: str, named: Mapping[str, list[Site]] | None = None) -> EditPlan | None:
+    """``edits=`` resolved before any forward runs (None: no edits, the unedited capture);
+    ``named``: transformer names among its sites, already bound."""
     if edits is None:
         return None
-    return EditPlan(edits, inv, model, allow_unfired=allow_unfired, surface=surface)
+    return EditPlan(edits, inv, model, allow_unfired=allow_unfired, surface=surface,
+                    named=named)

@@ -82,15 +82,22 @@ class Edit(ABC):
 
     kind = "edit"
 
-    def __init__(self, *, index: Any = None, item: Any = None):
+    def __init__(self, *, index: Any = None, item: Any = None, head: Any = None):
         if index is not None and not isinstance(index, (int, slice, tuple, list, Tensor)) \
                 and index is not Ellipsis:
             raise InputTypeError(
                 f"index= takes what tensor indexing takes (an int, a slice, a tuple of them), "
                 f"not {index!r}", code="edit_invalid",
                 teach=["tl.edits.zero(index=(slice(None), 4))  # every batch row, position 4"])
+        if head is not None and not (isinstance(head, int) or isinstance(head, (list, tuple))
+                                     and all(isinstance(h, int) for h in head)) \
+                or isinstance(head, bool):
+            raise InputTypeError(f"head= takes a head number or a list of them, not {head!r}",
+                                 code="edit_invalid",
+                                 teach=["tl.edits.zero(head=3)", "tl.edits.zero(head=[0, 5])"])
         self.index = tuple(index) if isinstance(index, list) else index
         self.item = item
+        self.head = list(head) if isinstance(head, tuple) else head
 
     @abstractmethod
     def new(self, part: Tensor, where: Where) -> Tensor:
@@ -103,6 +110,8 @@ class Edit(ABC):
         """The edit as plain data (kind, index, shapes, a hash of a tensor argument): what
         provenance keeps."""
         out: dict[str, Any] = {"kind": self.kind, "index": index_text(self.index)}
+        if self.head is not None:
+            out["head"] = self.head
         if self.item is not None:
             out["item"] = self.item if isinstance(self.item, (int, str)) else repr(self.item)
         out.update(self._facts())
@@ -350,40 +359,42 @@ def source_value(source: Any, where: Where) -> Tensor:
     return value
 
 
-def zero(*, index: Any = None, item: Any = None) -> Edit:
+def zero(*, index: Any = None, item: Any = None, head: Any = None) -> Edit:
     """Zero ablation: the value (or its ``index``ed part) becomes zeros."""
-    return _Zero(index=index, item=item)
+    return _Zero(index=index, item=item, head=head)
 
 
-def scale(k: float, *, index: Any = None, item: Any = None) -> Edit:
+def scale(k: float, *, index: Any = None, item: Any = None, head: Any = None) -> Edit:
     """Multiply the value (or its ``index``ed part) by ``k``."""
-    return _Scale(k, index=index, item=item)
+    return _Scale(k, index=index, item=item, head=head)
 
 
-def add(vector: Tensor, alpha: float = 1.0, *, index: Any = None, item: Any = None) -> Edit:
+def add(vector: Tensor, alpha: float = 1.0,
+        *, index: Any = None, item: Any = None, head: Any = None) -> Edit:
     """Steering: add ``alpha * vector``, broadcast over the value's last dimension."""
-    return _Add(vector, alpha, index=index, item=item)
+    return _Add(vector, alpha, index=index, item=item, head=head)
 
 
-def replace(tensor: Tensor, *, index: Any = None, item: Any = None) -> Edit:
+def replace(tensor: Tensor, *, index: Any = None, item: Any = None, head: Any = None) -> Edit:
     """The value (or its ``index``ed part) becomes ``tensor`` (broadcast to its shape)."""
-    return _Replace(tensor, index=index, item=item)
+    return _Replace(tensor, index=index, item=item, head=head)
 
 
-def patch(other_trace: Any, *, index: Any = None, item: Any = None) -> Edit:
+def patch(other_trace: Any, *, index: Any = None, item: Any = None, head: Any = None) -> Edit:
     """Activation patching: the value ``other_trace`` holds at the same site."""
-    return _Patch(other_trace, index=index, item=item)
+    return _Patch(other_trace, index=index, item=item, head=head)
 
 
-def mean(source: Any, label: str | None = None, *, index: Any = None, item: Any = None) -> Edit:
+def mean(source: Any, label: str | None = None,
+        *, index: Any = None, item: Any = None, head: Any = None) -> Edit:
     """Mean ablation: the mean over rows of a tensor, a saved trace's batch at the same site,
     or a recording store's ``label``."""
-    return _Mean(source, label, index=index, item=item)
+    return _Mean(source, label, index=index, item=item, head=head)
 
 
-def skip(*, index: Any = None, item: Any = None) -> Edit:
+def skip(*, index: Any = None, item: Any = None, head: Any = None) -> Edit:
     """A module's output becomes its input (refuses ``edit_shape_mismatch`` when they differ)."""
-    return _Skip(index=index, item=item)
+    return _Skip(index=index, item=item, head=head)
 
 
 def as_edit(value: Any) -> Edit:

@@ -43,7 +43,7 @@ class GradObserver:
         self.calls: dict[str, list[int]] = {}  # "address:pass" -> record indices of its output
 
     def op(self, out: Any, label: str, base: str, pass_num: int, frame: Any, func: str,
-           args: Any, index: int | None, inplace: bool) -> Any:
+           args: tuple, kwargs: dict, index: int | None, inplace: bool) -> Any:
         """The recorder's seam: note the gradient edge of a chosen op's output; ``out``
         unchanged."""
         if index is None or not (self.every or any(s.matches(base, pass_num)

@@ -1,0 +1,13 @@
+"""The transformer vocabulary on any transformer, from the op graph: TransformerLens's names as
+sites (``blocks.3.hook_resid_post``, ``blocks.3.attn.hook_pattern``), and ``tl.transformer(trace)``,
+the residual-stream algebra over a captured trace.
+"""
+
+from __future__ import annotations
+
+from .bind import Bound, anchor, expand, probe, structure_of
+from .named import Named, Names, bind_request, has_names
+from .structure import Structure
+
+__all__ = ["Bound", "Named", "Names", "Structure", "anchor", "bind_request", "expand",
+           "has_names", "probe", "structure_of"]

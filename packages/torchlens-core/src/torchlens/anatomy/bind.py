@@ -1,0 +1,196 @@
+"""Transformer names bound to a model: each name's anchor op and lens, from its structure.
+
+``structure_of(model, trace)`` reads (and keeps, per trace) the structure; ``anchor`` turns one
+canonical name into (anchor op label, lens) or refuses ``site_not_in_architecture`` with the
+reason; ``bind`` does it for every site string a surface was given, running one metadata-only
+capture of the same input first when no trace of it exists yet (its labels are the labels the
+real capture will make).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..capture.engine import capture
+from ..capture.seam import CaptureRequest
+from ..errors import InputError, SiteUnknown
+from ..plugins import hook
+from ..sites import Site, match_names, parse_site, transformer_name, transformer_names
+from .lens import Batched, Lens, Result, SdpaPattern, SdpaScores, SplitHeads, Transposed
+from .structure import Structure, read
+
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {signature: Structure}
+
+
+def hints(model: nn.Module) -> dict[str, Any]:
+    """What plugins know of the model's anatomy (``torchlens_transformer_hints``), merged."""
+    merged: dict[str, Any] = {}
+    for found in hook().torchlens_transformer_hints(model=model) or ():
+        merged.update({k: v for k, v in (found or {}).items() if v is not None})
+    return merged
+
+
+def structure_of(model: nn.Module, trace: Any) -> Structure:
+    """The structure of ``model`` read from ``trace``, kept on the trace."""
+    found = trace._objects.get("transformer_structure")
+    if found is None:
+        found = trace._objects["transformer_structure"] = read(trace, model, hints(model))
+    return found
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    return tuple((k, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else (k, repr(v))
+                 for k, v in [*enumerate(args), *sorted(kwargs.items())])
+
+
+def probe(model: nn.Module, args: tuple, kwargs: dict, inv: Any = None) -> Structure:
+    """The structure from one metadata-only capture of these inputs (kept per model and input
+    signature; the capture draws from a forked RNG and changes nothing)."""
+    per_model = _cache.setdefault(model, {})
+    key = _signature(args, kwargs)
+    found = per_model.get(key)
+    if found is None:
+        with torch.random.fork_rng(), torch.no_grad():
+            trace = capture(CaptureRequest(model, args, kwargs, save=None, inventory=inv))
+        found = per_model[key] = read(trace, model, hints(model))
+    return found
+
+
+@dataclass
+class Bound:
+    """A name bound to its anchor: the op label whose output it reads, through ``lens``."""
+
+    name: str
+    label: str
+    lens: Lens
+
+    def __post_init__(self) -> None:
+        self.lens.name = self.name  # what another trace is looked up by for the same place
+
+
+def anchor(structure: Structure, name: str, model: nn.Module) -> Bound:
+    """Where canonical ``name`` lives in ``structure``; refuses when the architecture has none."""
+    top = {"hook_embed": structure.embed, "hook_pos_embed": structure.pos_embed,
+           "ln_final.hook_normalized": structure.ln_final}
+    if name in top:
+        if top[name] is None:
+            raise _missing(name, structure.missing.get(name, "not found in the graph"))
+        if name == "hook_pos_embed":
+            return Bound(name, top[name], Batched(structure.batch))
+        return Bound(name, top[name], Lens())
+    _, layer_text, hook = name.split(".", 2)
+    layer = int(layer_text)
+    if layer >= len(structure.blocks):
+        raise InputError(
+            f"{name!r}: the model has {len(structure.blocks)} blocks "
+            f"({structure.blocks_address}.0 .. {len(structure.blocks) - 1})",
+            code="site_not_in_architecture",
+            teach=[f"save=['blocks.{len(structure.blocks) - 1}.{hook}']"])
+    block = structure.blocks[layer]
+    plain = {"hook_resid_pre": block.resid_pre, "hook_resid_mid": block.resid_mid,
+             "hook_resid_post": block.resid_post, "hook_attn_out": block.attn_out,
+             "hook_mlp_out": block.mlp_out, "ln1.hook_normalized": block.ln1,
+             "ln2.hook_normalized": block.ln2, "mlp.hook_pre": block.mlp_pre,
+             "mlp.hook_post": block.mlp_post}
+    if hook in plain:
+        if plain[hook] is None:
+            raise _missing(name, block.missing.get(hook, "not found in the graph"))
+        return Bound(name, plain[hook], Lens())
+    att = block.attention
+    if att is None:
+        raise _missing(name, block.missing.get("attn", "no attention op"))
+    return Bound(name, *_attention(name, hook, att, structure, model))
+
+
+def _attention(name: str, hook: str, att: Any, structure: Structure, model: nn.Module
+               ) -> tuple[str, Lens]:
+    modules = dict(model.named_modules())
+    if hook in ("attn.hook_q", "attn.hook_k", "attn.hook_v"):
+        role = hook[-1]
+        proj = getattr(att, f"{role}_proj")
+        if proj is not None:
+            heads = att.n_heads if role == "q" else att.n_kv_heads
+            return proj, SplitHeads(heads)
+        if att.rotary and role in "qk":
+            raise _missing(name, "rotary positions are applied to a fused projection before "
+                           "the attention; hook_rot_q / hook_rot_k are the rotated values")
+        label = getattr(att, role)
+        if label is None:
+            raise _missing(name, "the attention's inputs are not separate tensors")
+        return label, Transposed()
+    if hook in ("attn.hook_rot_q", "attn.hook_rot_k"):
+        if not att.rotary:
+            raise _missing(name, "the model applies no rotary position embedding")
+        return getattr(att, hook[-1]), Transposed()
+    if hook == "attn.hook_z":
+        return att.z, Transposed()
+    if hook in ("attn.hook_attn_scores", "attn.hook_pattern"):
+        if att.kind == "sdpa":
+            return att.op, SdpaScores() if hook.endswith("scores") else SdpaPattern()
+        return (att.scores if hook.endswith("scores") else att.op), Lens(head_axis=1)
+    if hook == "attn.hook_result":
+        out = modules.get(att.out_proj) if att.out_proj else None
+        if out is None or getattr(out, "weight", None) is None:
+            raise _missing(name, "no output projection after the attention")
+        # nn.Linear stores (out, in); a Conv1D (GPT-2) (in, out)
+        transposed = not isinstance(out, nn.Linear)
+        return att.z, Result(Transposed(), out.weight, transposed)
+    raise _missing(name, "not a name of the vocabulary")
+
+
+def _missing(name: str, why: str) -> InputError:
+    return InputError(f"{name!r} does not exist in this architecture: {why}",
+                      code="site_not_in_architecture",
+                      teach=["tl.transformer(trace).names  # the names this model has",
+                             "tl.trace(model, x, save='blocks.*.hook_resid_post')"])
+
+
+def expand(text: str, structure: Structure, model: nn.Module) -> list[Bound]:
+    """The bound names one site string spells: one, or every name a glob matches that the
+    architecture has (a glob matching none refuses)."""
+    canonical = transformer_name(text)
+    names = transformer_names(len(structure.blocks))
+    matched = match_names(canonical, names)
+    if not matched:
+        raise InputError(f"{text!r} matches no transformer name of a {len(structure.blocks)}-"
+                         "block model", code="site_not_in_architecture",
+                         teach=["tl.transformer(trace).names  # the names this model has"])
+    if len(matched) == 1 and matched[0] == canonical:
+        return [anchor(structure, canonical, model)]
+    bound = []
+    for name in matched:
+        try:
+            bound.append(anchor(structure, name, model))
+        except InputError:
+            continue  # a glob takes the names this architecture has
+    if not bound:
+        raise _missing(text, "none of the names it matches exists here")
+    return bound
+
+
+def names_in(texts: Any, addresses: list[str]) -> list[str]:
+    """The strings among ``texts`` that are transformer names (not op labels or modules)."""
+    if not isinstance(texts, (list, tuple, set, frozenset, str)):
+        return []
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    out = []
+    for text in texts:
+        if not isinstance(text, str) or text in ("all", "none"):
+            continue
+        try:
+            sites = parse_site(text, addresses)
+        except SiteUnknown:  # the surface refuses it with its own code later
+            continue
+        if sites and sites[0].kind == "name":
+            out.append(text)
+    return out
+
+
+def as_sites(bound: list[Bound], text: str) -> list[Site]:
+    """Op sites standing for bound names (what an edit plan takes), each with its lens."""
+    return [Site(text, "op", b.label, None, b.lens) for b in bound]

@@ -1,0 +1,164 @@
+"""Transformer names on a Trace: ``trace["blocks.3.attn.hook_z"]``, and the part that keeps the
+values a name derives from its anchor call (attention scores and patterns of a fused kernel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from .. import capabilities
+from ..capture.seam import Part
+from ..errors import LookupFailed, TorchLensError
+from ..sites import name_of, split_pass, transformer_name
+from ..units import format_shape
+from .bind import Bound, as_sites, expand, names_in, probe, structure_of
+
+
+class Named:
+    """One transformer name on a trace: its value in TransformerLens's layout (``out``), and
+    the op it resolved to (``label``)."""
+
+    __slots__ = ("name", "label", "lens", "_trace", "_value")
+
+    def __init__(self, bound: Bound, trace: Any, value: Tensor | None = None):
+        self.name, self.label, self.lens = bound.name, bound.label, bound.lens
+        self._trace, self._value = trace, value
+
+    @property
+    def saved(self) -> bool:
+        """Whether the value can be read."""
+        if self.lens.derived:
+            return self._value is not None
+        return self._trace[self.label].saved
+
+    @property
+    def out(self) -> Tensor:
+        """The value, in TransformerLens's layout (a view of the anchor's saved value where
+        the lens is one)."""
+        if self.lens.derived:
+            if self._value is None:
+                raise TorchLensError(
+                    f"{self.name!r} is computed from {self.label}'s arguments during the capture, "
+                    "and this capture did not ask for it",
+                    code="activation_not_saved",
+                    teach=[f"tl.trace(model, x, save=[{self.name!r}])"])
+            return self._value
+        op = self._trace[self.label]
+        if not op.saved:
+            raise TorchLensError(f"{self.name!r} ({self.label}) has no saved activation",
+                                 code="activation_not_saved",
+                                 teach=[f"tl.trace(model, x, save=[{self.name!r}])",
+                                        "tl.trace(model, x, save='all')"])
+        value = op.out
+        return self.lens.read(value[0] if isinstance(value, tuple) else value)
+
+    @property
+    def shape(self) -> list[int] | None:
+        try:
+            return list(self.out.shape)
+        except TorchLensError:
+            return None
+
+    def __repr__(self) -> str:
+        shape = format_shape(self.shape) if self.saved else "not saved"
+        return f"<Named {self.name} -> {self.label}: {shape}>"
+
+
+class Names(Part):
+    """Keeps the derived values of bound names as their anchor calls run (computed only for
+    the names asked for), and puts every bound name on the trace."""
+
+    def __init__(self, bound: list[Bound]):
+        self.bound = bound
+        self.derived: dict[str, list[Bound]] = {}
+        for b in bound:
+            if b.lens.derived:
+                self.derived.setdefault(name_of(b.label), []).append(b)
+        self.ops = set(self.derived)
+        self.values: dict[str, Tensor] = {}
+
+    def start(self, session: Any) -> None:
+        self.values.clear()
+
+    def op(self, out: Any, label: str, base: str, pass_num: int, frame: Any, func: str,
+           args: tuple, kwargs: dict, index: int | None, inplace: bool) -> Any:
+        for b in self.derived.get(base, ()):
+            if split_pass(b.label)[1] in (None, pass_num):
+                self.values[b.name] = b.lens.read(out, args, kwargs).detach().clone()
+        return out
+
+    def finish(self, trace: Any, session: Any) -> None:
+        table = trace._objects.setdefault("names", {})
+        for b in self.bound:
+            table[b.name] = Named(b, trace, self.values.get(b.name))
+        trace.meta["names"] = {b.name: b.label for b in self.bound}
+
+
+@capabilities.provide("transformer_name")
+def lookup(trace: Any, key: str) -> Named:
+    """``trace[name]`` for a transformer name: bound now from the trace's own graph when the
+    capture did not bind it (its value is the anchor's saved value, read through the lens)."""
+    table = trace._objects.setdefault("names", {})
+    found = table.get(key)
+    if found is not None:
+        return found
+    canonical = transformer_name(key)
+    if canonical is None:
+        raise LookupFailed(f"{key!r} is no transformer name", code="key_not_found",
+                           teach=["tl.transformer(trace).names"])
+    found = table.get(canonical)
+    if found is not None:
+        return found
+    model = trace._objects.get("model")
+    if model is None:
+        raise LookupFailed(f"{key!r}: names are read from the model's structure, and this trace "
+                           "holds no model (a loaded trace)", code="key_not_found",
+                           teach=[f"tl.trace(model, x, save=[{key!r}])[{key!r}]"])
+    bound = expand(canonical, structure_of(model, trace), model)
+    if len(bound) != 1:
+        raise LookupFailed(f"{key!r} names {len(bound)} values; look one up at a time",
+                           code="key_not_found", teach=[f"trace[{bound[0].name!r}]"])
+    named = table[canonical] = Named(bound[0], trace)
+    return named
+
+
+def has_names(save: Any, edits: Any, inv: Any) -> bool:
+    """Whether ``save=`` or ``edits=`` names a transformer name (checked without a forward)."""
+    addresses = [address for address, _ in inv.modules if address]
+    return bool(names_in(save, addresses) or (
+        isinstance(edits, Mapping) and names_in(list(edits), addresses)))
+
+
+def bind_request(model: Any, args: tuple, kwargs: dict, inv: Any, save: Any,
+                 edits: Any) -> tuple[Any, dict[str, list[Any]], Names | None]:
+    """A surface's ``save=`` and ``edits=`` with their transformer names bound: (``save`` with
+    each name replaced by its anchor op, ``{edit site text: sites}`` for the edit plan, the
+    part that puts the names on the trace), or ``(save, {}, None)`` when neither names one.
+    The structure comes from one metadata-only capture of these inputs (kept)."""
+    addresses = [address for address, _ in inv.modules if address]
+    saved = names_in(save, addresses)
+    edited = names_in(list(edits), addresses) if isinstance(edits, Mapping) else []
+    if not saved and not edited:
+        return save, {}, None
+    structure = probe(model, args, kwargs, inv)
+    bound: dict[str, Bound] = {}
+    new_save = save
+    if saved:
+        new_save = [save] if isinstance(save, str) else list(save)
+    for text in saved:
+        found = expand(text, structure, model)
+        new_save.remove(text)
+        for b in found:
+            bound[b.name] = b
+            if not b.lens.derived and b.label not in new_save:
+                new_save.append(b.label)
+    sites = {}
+    for text in edited:
+        found = expand(text, structure, model)
+        for b in found:
+            bound.setdefault(b.name, b)
+        sites[text] = as_sites(found, text)
+    return new_save, sites, Names(list(bound.values()))

@@ -1,0 +1,289 @@
+"""TransformerLens's names as sites, resolved from the op graph: every name equals a forward
+hook or a hand computation on real transformers built from configs, fused attention's patterns
+equal the eager implementation's, edits of a name edit the real tensor, and a name an
+architecture lacks refuses typed before the capture."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import torchlens as tl
+from torchlens.errors import TorchLensError
+
+ATOL = 1e-6
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_positions=32, n_embd=32, n_layer=2,
+                                           n_head=4, bos_token_id=99, eos_token_id=99)).eval()
+    return model, torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+            bos_token_id=1, eos_token_id=2, pad_token_id=0)).eval()
+    return model, torch.randint(3, 100, (1, 6), generator=torch.Generator().manual_seed(2))
+
+
+def _eager(model):
+    twin = copy.deepcopy(model)
+    twin.config._attn_implementation = "eager"
+    for module in twin.modules():
+        if hasattr(module, "config"):
+            module.config._attn_implementation = "eager"
+    return twin
+
+
+class Hooks:
+    """Forward hooks writing each module's input and output down."""
+
+    def __init__(self, model, addresses):
+        self.inputs, self.outputs, self.handles = {}, {}, []
+        modules = dict(model.named_modules())
+        for address in addresses:
+            self.handles.append(modules[address].register_forward_hook(
+                self._keep(address), with_kwargs=True))
+
+    def _keep(self, address):
+        def hook(module, args, kwargs, output):
+            first = args[0] if args else next(iter(kwargs.values()))
+            self.inputs[address] = first.detach().clone()
+            out = output[0] if isinstance(output, tuple) else output
+            self.outputs[address] = out.detach().clone()
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def _hooked(model, ids, addresses):
+    hooks = Hooks(model, addresses)
+    with torch.no_grad():
+        out = model(ids)
+    hooks.remove()
+    return hooks, out
+
+
+def close(a, b, atol=ATOL):
+    assert a.shape == b.shape, (a.shape, b.shape)
+    torch.testing.assert_close(a, b, atol=atol, rtol=0)
+
+
+def test_gpt2_every_name_equals_hooks_and_eager_patterns():
+    model, ids = _gpt2()
+    h = model.transformer.h
+    heads, d_head = 4, 8
+    names = ["hook_embed", "hook_pos_embed", "blocks.*.hook_resid_pre", "blocks.*.hook_resid_mid",
+             "blocks.*.hook_resid_post", "blocks.*.hook_attn_out", "blocks.*.hook_mlp_out",
+             "blocks.*.attn.*", "blocks.*.mlp.*", "blocks.*.ln1.hook_normalized",
+             "blocks.*.ln2.hook_normalized", "ln_final.hook_normalized"]
+    trace = tl.trace(model, ids, save=names)
+    subs = ["transformer.wte", "transformer.wpe", "transformer.ln_f"] + [
+        f"transformer.h.{i}{s}" for i in range(2) for s in
+        ("", ".attn", ".mlp", ".ln_1", ".ln_2", ".attn.c_attn", ".attn.c_proj", ".mlp.c_fc",
+         ".mlp.c_proj")]
+    hooks, _ = _hooked(model, ids, subs)
+    o, i = hooks.outputs, hooks.inputs
+    close(trace["hook_embed"].out, o["transformer.wte"])
+    close(trace["hook_pos_embed"].out, o["transformer.wpe"].expand_as(o["transformer.wte"]))
+    close(trace["ln_final.hook_normalized"].out, o["transformer.ln_f"])
+    pattern_eager = _eager(model)(ids, output_attentions=True).attentions
+    for layer in range(len(h)):
+        b = f"transformer.h.{layer}"
+        pre = i[b]
+        close(trace[f"blocks.{layer}.hook_resid_pre"].out, pre)
+        close(trace[f"blocks.{layer}.hook_attn_out"].out, o[f"{b}.attn"])
+        close(trace[f"blocks.{layer}.hook_resid_mid"].out, pre + o[f"{b}.attn"])
+        close(trace[f"blocks.{layer}.hook_mlp_out"].out, o[f"{b}.mlp"])
+        close(trace[f"blocks.{layer}.hook_resid_post"].out, o[b])
+        close(trace[f"blocks.{layer}.ln1.hook_normalized"].out, o[f"{b}.ln_1"])
+        close(trace[f"blocks.{layer}.ln2.hook_normalized"].out, o[f"{b}.ln_2"])
+        q, k, v = o[f"{b}.attn.c_attn"].split(32, dim=-1)
+        for name, value in (("q", q), ("k", k), ("v", v)):
+            close(trace[f"blocks.{layer}.attn.hook_{name}"].out,
+                  value.unflatten(-1, (heads, d_head)))
+        z = i[f"{b}.attn.c_proj"].unflatten(-1, (heads, d_head))
+        close(trace[f"blocks.{layer}.attn.hook_z"].out, z)
+        close(trace[f"blocks.{layer}.attn.hook_pattern"].out, pattern_eager[layer])
+        scores = trace[f"blocks.{layer}.attn.hook_attn_scores"].out
+        assert torch.isinf(scores[..., 0, 1:]).all()  # causal: the first query sees key 0 only
+        close(torch.softmax(scores, -1), pattern_eager[layer])
+        result = trace[f"blocks.{layer}.attn.hook_result"].out
+        assert list(result.shape) == [2, 7, heads, 32]
+        close(result.sum(2) + h[layer].attn.c_proj.bias, o[f"{b}.attn"], atol=1e-5)
+        close(trace[f"blocks.{layer}.mlp.hook_pre"].out, o[f"{b}.mlp.c_fc"])
+        close(trace[f"blocks.{layer}.mlp.hook_post"].out, i[f"{b}.mlp.c_proj"])
+    assert trace.meta["names"]["blocks.0.hook_resid_post"].startswith("add_")
+
+
+def test_names_read_from_a_save_all_trace_and_short_forms():
+    model, ids = _gpt2()
+    full = tl.trace(model, ids, save="all")
+    named = tl.trace(model, ids, save=["resid_post.1", "z.0"])
+    close(full["blocks.1.hook_resid_post"].out, named["blocks.1.hook_resid_post"].out, atol=0)
+    close(full["z.0"].out, named["blocks.0.attn.hook_z"].out, atol=0)
+    with pytest.raises(TorchLensError) as info:
+        full["blocks.0.attn.hook_pattern"].out  # noqa: B018 - computed only when asked for
+    assert info.value.code == "activation_not_saved"
+    assert "hook_pattern" in info.value.teach[0]
+
+
+def test_head_edit_on_z_equals_a_hook_on_the_merged_heads():
+    model, ids = _gpt2()
+    trace = tl.trace(model, ids, edits={"blocks.1.attn.hook_z": tl.edits.zero(head=[1, 3])})
+
+    def zero_heads(module, args):
+        x = args[0].clone()
+        x[..., 8:16] = 0
+        x[..., 24:32] = 0
+        return (x,)
+
+    handle = model.transformer.h[1].attn.c_proj.register_forward_pre_hook(zero_heads)
+    with torch.no_grad():
+        want = model(ids).logits
+    handle.remove()
+    close(trace.output["logits"], want, atol=1e-5)
+    row = trace.meta["edits"]["fired"][0]
+    assert row["site"] == "blocks.1.attn.hook_z"
+    assert row["label"].startswith("scaled_dot_product_attention")
+
+
+def test_pattern_edit_recomputes_the_fused_call():
+    model, ids = _gpt2()
+    clean = tl.trace(model, ids, save=["blocks.0.attn.hook_pattern", "blocks.0.attn.hook_v"])
+    pattern = clean["blocks.0.attn.hook_pattern"].out.clone()
+    pattern[:, 2, :, 0] = 0  # head 2 ignores the first token
+    v = clean["blocks.0.attn.hook_v"].out.transpose(1, 2)  # (b, head, pos, d)
+    z = (pattern @ v).transpose(1, 2)
+    every = slice(None)
+    edited = tl.trace(model, ids, edits={
+        "blocks.0.attn.hook_pattern": tl.edits.zero(index=(every, every, every, 0), head=2)})
+    by_z = tl.trace(model, ids, edits={"blocks.0.attn.hook_z": tl.edits.replace(z)})
+    close(edited.output["logits"], by_z.output["logits"], atol=1e-5)
+    assert not torch.allclose(edited.output["logits"], model(ids).logits, atol=1e-4)
+
+
+def test_llama_gqa_rotary_names():
+    model, ids = _llama()
+    trace = tl.trace(model, ids, save=["blocks.*.attn.*", "blocks.*.hook_resid_mid",
+                                       "blocks.*.mlp.*", "blocks.1.hook_resid_post"])
+    layer = model.model.layers[0]
+    hooks, _ = _hooked(model, ids, ["model.layers.0", "model.layers.0.self_attn.q_proj",
+                                    "model.layers.0.self_attn.k_proj",
+                                    "model.layers.0.self_attn.v_proj", "model.layers.0.self_attn",
+                                    "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj",
+                                    "model.layers.1"])
+    o, i = hooks.outputs, hooks.inputs
+    assert list(trace["blocks.0.attn.hook_k"].out.shape) == [1, 6, 2, 8]  # kv heads
+    for name, heads in (("q", 4), ("k", 2), ("v", 2)):
+        close(trace[f"blocks.0.attn.hook_{name}"].out,
+              o[f"model.layers.0.self_attn.{name}_proj"].unflatten(-1, (heads, 8)))
+    assert list(trace["blocks.0.attn.hook_rot_k"].out.shape) == [1, 6, 2, 8]
+    rotated = trace["blocks.0.attn.hook_rot_q"].out
+    assert not torch.allclose(rotated, trace["blocks.0.attn.hook_q"].out)
+    eager = _eager(model)(ids, output_attentions=True).attentions
+    close(trace["blocks.0.attn.hook_pattern"].out, eager[0])
+    close(trace["blocks.1.attn.hook_pattern"].out, eager[1])
+    close(trace["blocks.0.hook_resid_mid"].out, i["model.layers.0"] + o["model.layers.0.self_attn"])
+    close(trace["blocks.0.mlp.hook_pre"].out, o["model.layers.0.mlp.gate_proj"])
+    close(trace["blocks.0.mlp.hook_post"].out, i["model.layers.0.mlp.down_proj"])
+    close(trace["blocks.1.hook_resid_post"].out, o["model.layers.1"])
+    result = trace["blocks.0.attn.hook_result"].out
+    close(result.sum(2), o["model.layers.0.self_attn"], atol=1e-5)
+    with pytest.raises(TorchLensError) as info:
+        tl.trace(model, ids, save=["hook_pos_embed"])
+    assert info.value.code == "site_not_in_architecture"
+    assert "position" in str(info.value)
+    assert layer is model.model.layers[0]
+
+
+def test_neox_parallel_residual_refuses_resid_mid_and_globs_skip_it():
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = GPTNeoXForCausalLM(GPTNeoXConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=64, use_parallel_residual=True,
+            bos_token_id=1, eos_token_id=2)).eval()
+    ids = torch.randint(0, 100, (1, 5), generator=torch.Generator().manual_seed(3))
+    with pytest.raises(TorchLensError) as info:
+        tl.trace(model, ids, save=["blocks.0.hook_resid_mid"])
+    assert info.value.code == "site_not_in_architecture"
+    assert "parallel" in str(info.value)
+    trace = tl.trace(model, ids, save=["blocks.*.hook_resid_*", "blocks.0.attn.hook_pattern",
+                                       "blocks.0.attn.hook_rot_q"])
+    assert "blocks.0.hook_resid_mid" not in trace.meta["names"]
+    hooks, _ = _hooked(model, ids, ["gpt_neox.layers.0", "gpt_neox.layers.1"])
+    close(trace["blocks.0.hook_resid_post"].out, hooks.outputs["gpt_neox.layers.0"])
+    close(trace["blocks.1.hook_resid_pre"].out, hooks.inputs["gpt_neox.layers.1"])
+    close(trace["blocks.0.attn.hook_pattern"].out,
+          _eager(model)(ids, output_attentions=True).attentions[0])
+
+
+def test_bert_post_ln_names_and_bidirectional_pattern():
+    from transformers import BertConfig, BertModel
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = BertModel(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=64,
+                                     max_position_embeddings=64)).eval()
+    ids = torch.randint(0, 100, (1, 6), generator=torch.Generator().manual_seed(4))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    trace = tl.trace(model, inputs, save=["blocks.0.hook_resid_mid", "blocks.0.hook_resid_post",
+                                          "blocks.0.attn.hook_pattern", "blocks.1.hook_resid_pre",
+                                          "blocks.0.ln1.hook_normalized"])
+    holder = {}
+    handles = [model.encoder.layer[0].attention.output.LayerNorm.register_forward_hook(
+        lambda m, a, o: holder.__setitem__("mid", a[0].clone())),
+        model.encoder.layer[0].output.LayerNorm.register_forward_hook(
+        lambda m, a, o: holder.__setitem__("post", a[0].clone())),
+        model.encoder.layer[0].attention.output.LayerNorm.register_forward_hook(
+        lambda m, a, o: holder.__setitem__("ln1", o.clone())),
+        model.encoder.layer[0].register_forward_hook(
+        lambda m, a, o: holder.__setitem__("out", (o[0] if isinstance(o, tuple) else o).clone()))]
+    with torch.no_grad():
+        model(**inputs)
+    for h in handles:
+        h.remove()
+    close(trace["blocks.0.hook_resid_mid"].out, holder["mid"])
+    close(trace["blocks.0.hook_resid_post"].out, holder["post"])
+    close(trace["blocks.0.ln1.hook_normalized"].out, holder["ln1"])
+    close(trace["blocks.1.hook_resid_pre"].out, holder["out"])
+    pattern = trace["blocks.0.attn.hook_pattern"].out
+    close(pattern, _eager(model)(**inputs, output_attentions=True).attentions[0])
+    assert (pattern[..., 5] == 0).all()  # the padded key is masked for every query
+
+
+def test_refusals_are_typed_and_come_before_the_capture():
+    model, ids = _gpt2()
+    before = [p.clone() for p in model.parameters()]
+    cases = [
+        (dict(save=["blocks.5.hook_resid_pre"]), "site_not_in_architecture"),
+        (dict(edits={"blocks.0.hook_resid_post": tl.edits.zero(head=1)}),
+         "edit_head_not_attention"),
+        (dict(edits={"blocks.0.attn.hook_z": tl.edits.zero(index=(0, 1, 2), head=1)}),
+         "edit_invalid"),
+        (dict(edits={"blocks.0.attn.hook_result": tl.edits.zero()}), "edit_name_read_only"),
+    ]
+    for options, code in cases:
+        with pytest.raises(TorchLensError) as info:
+            tl.trace(model, ids, **options)
+        assert info.value.code == code, (options, info.value)
+        assert info.value.teach
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(TorchLensError) as info:
+        tl.edits.zero(head="all")
+    assert info.value.code == "edit_invalid"
