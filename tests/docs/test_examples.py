@@ -60,11 +60,25 @@ def check_compare(scope, out, folder):
     assert (folder / "diff.html").exists()
 
 
+def check_transformer(scope, out, folder):
+    row = scope["row"]
+    assert row["site"] == "blocks.2.attn.hook_z" and row["label"].startswith(
+        "scaled_dot_product_attention") and row["index"] == "[:, :, [1, 3]]"
+    assert scope["blind"].edits[0]["label"].startswith("scaled_dot_product_attention")
+    assert "1×10×4×16" in out and "1×4×10×10" in out
+    assert list(scope["labels"]) == ["embed", "pos_embed"] + [
+        f"{layer}_{kind}_out" for layer in range(4) for kind in ("attn", "mlp")]
+    assert scope["head_labels"][:2] == ["L0H0", "L0H1"] and scope["heads"].shape[0] == 16
+    assert (folder / "logit_lens.html").exists()
+    assert scope["patched"].edits[0]["norm"] > 0
+
+
 CHECKS = {
     "docs/guides/edits.md": check_edits,
     "docs/guides/gradients.md": check_gradients,
     "docs/guides/generation.md": check_generation,
     "docs/guides/compare.md": check_compare,
+    "docs/guides/transformer.md": check_transformer,
 }
 
 

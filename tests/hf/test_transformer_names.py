@@ -287,3 +287,37 @@ def test_refusals_are_typed_and_come_before_the_capture():
     with pytest.raises(TorchLensError) as info:
         tl.edits.zero(head="all")
     assert info.value.code == "edit_invalid"
+
+
+def test_residual_algebra_adds_up_to_the_run():
+    model, ids = _gpt2()
+    trace = tl.trace(model, ids, save="all")
+    view = tl.transformer(trace)
+    assert "blocks.1.attn.hook_pattern" in view.names and "hook_pos_embed" in view.names
+    acc, labels = view.accumulated_resid(incl_mid=True, return_labels=True)
+    assert labels == ["0_pre", "0_mid", "1_pre", "1_mid", "final_post"]
+    close(acc[-1], trace["blocks.1.hook_resid_post"].out, atol=0)
+    parts, labels = view.decompose_resid(return_labels=True)
+    assert labels == ["embed", "pos_embed", "0_attn_out", "0_mlp_out", "1_attn_out", "1_mlp_out"]
+    close(parts.sum(0), trace["blocks.1.hook_resid_post"].out, atol=1e-5)
+    heads, labels = view.stack_head_results(return_labels=True)
+    assert labels[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"] and heads.shape[0] == 8
+    bias = model.transformer.h[0].attn.c_proj.bias
+    close(heads[:4].sum(0) + bias, trace["blocks.0.hook_attn_out"].out, atol=1e-5)
+    ln = model.transformer.ln_f
+    normed = view.apply_ln_to_stack(acc[-1:], layer=None)[0]
+    close(normed * ln.weight + ln.bias, trace["ln_final.hook_normalized"].out, atol=1e-5)
+    # direct logit attribution: the components' shares plus the final norm's bias give the logit
+    tokens = ids[:, -1]
+    attrs = view.logit_attrs(view.decompose_resid(apply_ln=True, pos_slice=-1), tokens)
+    logits = trace.output["logits"][torch.arange(2), -1, tokens]
+    close(attrs.sum(0) + model.lm_head.weight[tokens] @ ln.bias, logits, atol=1e-4)
+    lens = view.logit_lens(k=3)
+    assert len(lens) == 2 * 2 * 7
+    last = [r for r in lens.rows if r["layer"] == 1 and r["batch"] == 0]
+    assert [r["tokens"][0] for r in last] == trace.output["logits"][0].argmax(-1).tolist()
+    assert "<table" in lens.to_html() and list(lens.to_pandas().columns)[:3] == [
+        "layer", "batch", "pos"]
+    with pytest.raises(TorchLensError) as info:
+        tl.transformer(tl.trace(model, ids, save=["blocks.0.hook_resid_pre"])).accumulated_resid()
+    assert info.value.code == "activation_not_saved"

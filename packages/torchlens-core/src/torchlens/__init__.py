@@ -6,6 +6,7 @@ Importing torchlens changes nothing in torch.
 
 from __future__ import annotations
 
+from .anatomy import transformer  # noqa: E402
 from .compare import compare  # noqa: E402
 from .errors import TorchLensError, TorchLensWarning  # noqa: E402
 from .hookspecs import hookimpl  # noqa: E402
@@ -19,7 +20,7 @@ from .version import __version__  # noqa: E402,F401
 __all__ = [
     "Module", "ModuleCall", "Op", "Trace", "TorchLensError", "TorchLensWarning", "hookimpl",
     "Summary", "compare", "draw", "generate", "load", "record", "steps", "summary",
-    "trace",
+    "trace", "transformer",
 ]
 SUBMODULES = ("debug", "types", "viz", "recording", "validation", "plugins", "errors", "edits",
               "sites", "patching", "grads", "attribution", "catalogue")

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from .anatomy import bind_request, has_names
 from .capture.engine import capture, parse_save, saves_nothing
 from .capture.entry import (
     LAZY_TEACH,
@@ -34,7 +35,6 @@ from .plugins import hook
 from .storage import load_trace
 from .summary import Summary
 from .trace import Trace
-from .anatomy import bind_request, has_names
 from .viz import render_drawing, validate_options
 
 _bn_warned = False

@@ -5,9 +5,10 @@ the residual-stream algebra over a captured trace.
 
 from __future__ import annotations
 
+from .algebra import LogitLens, TransformerView, transformer
 from .bind import Bound, anchor, expand, probe, structure_of
 from .named import Named, Names, bind_request, has_names
 from .structure import Structure
 
-__all__ = ["Bound", "Named", "Names", "Structure", "anchor", "bind_request", "expand",
-           "has_names", "probe", "structure_of"]
+__all__ = ["Bound", "LogitLens", "Named", "Names", "Structure", "anchor", "bind_request", "expand",
+           "has_names", "probe", "structure_of", "transformer", "TransformerView"]

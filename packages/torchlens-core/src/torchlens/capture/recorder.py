@@ -388,8 +388,10 @@ class Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         # Everything here runs between two ops of the user's forward, where the CPU caches are
         # cold: it keeps only what cannot be derived after the forward (edges, facts of tensors
-        # that may die, the module frame, the time). Its edges and costs are ``edges`` and
-        # ``costs``, which a step follower's check shares (``record_ran``).
+        # that may die, the module frame, the time), inline: a call to ``CaptureState.edges``
+        # here cost 1.5 us an op (bench:ab). ``edges`` and ``costs`` are the same rules as
+        # functions, for a step follower's check (``record_ran``): a step is followed only
+        # while the two agree, which the step tests see.
         s = self.state
         if func in PASSTHROUGH or s.suspended:
             return func(*args, **kwargs) if kwargs else func(*args)
@@ -426,10 +428,52 @@ class Recorder(TorchFunctionMode):
                 out_tensors = None
         name = _names.get(func) or func_name(func)
         tensors = s.tensors
-        found = s.edges(args, kwargs, tensors)
-        if found is None:
-            return out  # a lazy module materializing itself: not an op of the model
-        parents, params, buffers = found
+        param_ids, buffer_ids = s.param_ids, s.buffer_ids
+        inputs = _inputs(args, kwargs) if kwargs else args
+        while True:  # runs once, twice when a positional argument is a sequence holding tensors
+            parents: list[int] = []
+            params = buffers = _NONE
+            for t in inputs:
+                if type(t) is not Tensor and not isinstance(t, Tensor):
+                    if inputs is args and isinstance(t, (tuple, list)) and \
+                            not _SCALARS.issuperset(map(type, t)):
+                        inputs = _inputs(args, kwargs)
+                        break
+                    continue
+                key = id(t)
+                p = param_ids.get(key)
+                if p is not None:
+                    params = params + (p,)
+                    if not s.writes and key not in tensors:
+                        continue  # no op returned it (``w.float()`` can) nor wrote it in place
+                elif buffer_ids:
+                    b = buffer_ids.get(key)
+                    if b is not None:
+                        buffers = buffers + (b,)
+                if p is None and type(t) is not Tensor and isinstance(t, Parameter) and \
+                        s.model is not None and key not in buffer_ids:
+                    if isinstance(t, UninitializedTensorMixin):
+                        return out
+                    adopted = s.adopt_parameter(t)
+                    if adopted is not None:
+                        params = params + (adopted,)
+                entry = tensors.get(key)
+                if entry is not None and entry[1]() is t:
+                    # a parameter or buffer written in place in the forward reads from its writer
+                    index = entry[0] if not s.writes or t._version == entry[2] else \
+                        s.producer(t)
+                    if index not in parents:
+                        parents.append(index)
+                elif p is None and key not in buffer_ids:  # no op made it, or a transform's
+                    # wrapper of one that an op made
+                    index = s.unseen(t)
+                    if index is not None and index not in parents:
+                        parents.append(index)
+            else:
+                break
+
+        if len(parents) == 1:
+            parents = parents[0]
         if parents == [] and not s.transformed and is_wrapped(main):
             s.transformed = True  # an op without inputs can be the first inside a transform
         inplace = main is first and first._version != version_before
@@ -456,9 +500,17 @@ class Recorder(TorchFunctionMode):
                         main = out_tensors[0]
                         if len(out_tensors) == 1:
                             out_tensors = None
-        if out_tensors is None and name not in FORMULAS and not main.is_nested:
-            shape = main.shape  # ``costs``' answer for the common op, without the call
-            shape, out_shapes, nbytes, flops = s.shapes.setdefault(shape, shape), None, None, None
+        if out_tensors is None and not main.is_nested:  # ``costs``, inline for one output
+            out_shapes = nbytes = flops = None
+            if name in FORMULAS:
+                weight = WEIGHT_ARG.get(name)
+                if weight is not None and len(args) > weight[0]:
+                    flops = s.param_ids.get(id(args[weight[0]]))
+                if flops is None:
+                    flops = ([a.shape if isinstance(a, Tensor) else a for a in args],
+                             shapes(kwargs) if kwargs else kwargs)
+            shape = main.shape
+            shape = s.shapes.setdefault(shape, shape)
         else:
             shape, out_shapes, nbytes, flops = self.costs(name, args, kwargs, main, out_tensors)
         is_view = not inplace and main._is_view()

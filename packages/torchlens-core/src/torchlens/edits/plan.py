@@ -142,7 +142,7 @@ class EditPlan(Part):
         anchor = _pick(out, item, where)
         value = anchor if lens is None else lens.read(anchor, *call)
         where.shape = list(value.shape)
-        where_index = _index(edit, lens)
+        where_index = where.index = _index(edit, lens)
         part = value if where_index is None else value[where_index]
         new = edit.new(part, where)
         if tuple(new.shape) != tuple(part.shape) or new.dtype != part.dtype:

@@ -25,12 +25,13 @@ class Where:
     value's shape, and the input of a module call (for ``skip``). Passed to callables as ``op``."""
 
     __slots__ = ("site", "label", "base_label", "pass_num", "module", "func", "shape", "inputs",
-                 "key")
+                 "key", "index")
 
     def __init__(self, site, label, base_label, pass_num, module, func, shape, inputs, key):
         self.site, self.label, self.base_label, self.pass_num = site, label, base_label, pass_num
         self.module, self.func, self.shape, self.inputs = module, func, shape, inputs
         self.key = key  # what another trace is looked up by for the same place
+        self.index = None  # the part the edit touches, ``head=`` included (set as it fires)
 
     def __repr__(self) -> str:
         return f"<site {self.site!r} at {self.label} (pass {self.pass_num}) in {self.module!r}>"
@@ -212,8 +213,8 @@ class _Patch(Edit):
 
     def new(self, part, where):
         value = source_value(self.source, where)
-        if self.index is not None:
-            value = value[self.index]
+        if where.index is not None:
+            value = value[where.index]
         return fit(value, part, where).expand(part.shape).clone()
 
     def _facts(self):
