@@ -51,10 +51,11 @@ class TransformerView:
     # ---- stacks of the stream -----------------------------------------------------------
     def accumulated_resid(self, layer: int | None = None, incl_mid: bool = False,
                           apply_ln: bool = False, pos_slice: Any = None,
-                          return_labels: bool = False) -> Any:
+                          mlp_input: bool = False, return_labels: bool = False) -> Any:
         """The stream before each layer up to ``layer`` (``[component, batch, pos, d_model]``;
         labels ``"0_pre"``, ``"0_mid"``, ``"final_post"``); ``layer=None``: every layer and the
-        final stream."""
+        final stream. ``apply_ln`` at the final stream applies the final norm itself to each
+        component (its statistics recomputed: the logit lens), elsewhere the run's scale."""
         layer = self.n_layers if layer is None or layer == -1 else layer
         parts, labels = [], []
         for index in range(layer + 1):
@@ -64,31 +65,45 @@ class TransformerView:
                 continue
             parts.append(self._get(f"blocks.{index}.hook_resid_pre"))
             labels.append(f"{index}_pre")
-            if incl_mid and index < layer:
+            if incl_mid and index < layer or mlp_input and index == layer:
                 parts.append(self._get(f"blocks.{index}.hook_resid_mid"))
                 labels.append(f"{index}_mid")
-        return self._finish(parts, labels, layer, apply_ln, pos_slice, return_labels)
+        stack = self._stack(parts, pos_slice)
+        if apply_ln and layer == self.n_layers:
+            norm, _ = self._norm(None)
+            with torch.no_grad():
+                stack = torch.stack([norm(part) for part in stack])
+        elif apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice, mlp_input)
+        return (stack, labels) if return_labels else stack
 
     def decompose_resid(self, layer: int | None = None, mode: str = "all",
-                        apply_ln: bool = False, pos_slice: Any = None,
-                        return_labels: bool = False) -> Any:
+                        apply_ln: bool = False, pos_slice: Any = None, mlp_input: bool = False,
+                        incl_embeds: bool = True, return_labels: bool = False) -> Any:
         """The stream before ``layer`` as the sum of its writers: the embeddings and each
         layer's attention and MLP outputs (labels ``"embed"``, ``"pos_embed"``,
-        ``"0_attn_out"``, ``"0_mlp_out"``); ``mode`` "attn" or "mlp" keeps one kind."""
+        ``"0_attn_out"``, ``"0_mlp_out"``); ``mode`` "attn" or "mlp" keeps one kind;
+        ``mlp_input``: the stream the MLP of ``layer`` reads (its attention output too)."""
         if mode not in ("all", "attn", "mlp"):
             raise InputError(f"mode={mode!r}: 'all', 'attn' or 'mlp'", code="option_invalid",
                              teach=["tl.transformer(trace).decompose_resid(mode='attn')"])
         layer = self.n_layers if layer is None or layer == -1 else layer
-        parts, labels = [self._get("hook_embed")], ["embed"]
-        if self.structure.pos_embed is not None:
-            parts.append(self._get("hook_pos_embed"))
-            labels.append("pos_embed")
-        for index in range(layer):
+        parts, labels = [], []
+        if incl_embeds:
+            parts.append(self._get("hook_embed"))
+            labels.append("embed")
+            if self.structure.pos_embed is not None:
+                parts.append(self._get("hook_pos_embed"))
+                labels.append("pos_embed")
+        for index in range(layer + 1):
             for kind in ("attn", "mlp"):
-                if mode in ("all", kind):
+                if (index < layer or mlp_input and kind == "attn") and mode in ("all", kind):
                     parts.append(self._get(f"blocks.{index}.hook_{kind}_out"))
                     labels.append(f"{index}_{kind}_out")
-        return self._finish(parts, labels, layer, apply_ln, pos_slice, return_labels)
+        stack = self._stack(parts, pos_slice)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice, mlp_input)
+        return (stack, labels) if return_labels else stack
 
     def stack_head_results(self, layer: int = -1, pos_slice: Any = None, apply_ln: bool = False,
                            return_labels: bool = False) -> Any:
@@ -101,21 +116,21 @@ class TransformerView:
             for head in range(result.shape[2]):
                 parts.append(result[:, :, head])
                 labels.append(f"L{index}H{head}")
-        return self._finish(parts, labels, layer, apply_ln, pos_slice, return_labels)
-
-    def _finish(self, parts: list[Tensor], labels: list[str], layer: int, apply_ln: bool,
-                pos_slice: Any, return_labels: bool) -> Any:
-        batch = max(p.shape[0] for p in parts)
-        stack = torch.stack([p.expand(batch, *p.shape[1:]) for p in parts])
+        stack = self._stack(parts, pos_slice)
         if apply_ln:
-            stack = self.apply_ln_to_stack(stack, layer)
-        stack = _positions(stack, pos_slice)
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice)
         return (stack, labels) if return_labels else stack
 
+    @staticmethod
+    def _stack(parts: list[Tensor], pos_slice: Any) -> Tensor:
+        batch = max(p.shape[0] for p in parts)
+        return _positions(torch.stack([p.expand(batch, *p.shape[1:]) for p in parts]),
+                          pos_slice)
+
     # ---- norms and logits ---------------------------------------------------------------
-    def _norm(self, layer: int | None) -> tuple[nn.Module, Tensor]:
+    def _norm(self, layer: int | None, mlp_input: bool = False) -> tuple[nn.Module, Tensor]:
         """The norm module that reads the stream at ``layer`` (None or n_layers: the final
-        norm), and the stream it read in the run."""
+        norm; ``mlp_input``: the one before the MLP), and the stream it read in the run."""
         modules = dict(self.model.named_modules())
         if layer is None or layer >= self.n_layers:
             if self.structure.ln_final_module is None:
@@ -124,18 +139,25 @@ class TransformerView:
             return (modules[self.structure.ln_final_module],
                     self._get(f"blocks.{self.n_layers - 1}.hook_resid_post"))
         block = self.structure.blocks[layer]
+        if mlp_input:
+            if block.ln2 is None:
+                raise InputError(f"block {layer} has no norm before its MLP",
+                                 code="site_not_in_architecture",
+                                 teach=["tl.transformer(trace).names"])
+            return (modules[block.norms[block.ln2]],
+                    self._get(f"blocks.{layer}.hook_resid_mid"))
         if block.ln1 is None:
             raise InputError(f"block {layer} has no norm before its attention",
                              code="site_not_in_architecture",
                              teach=["tl.transformer(trace).names"])
-        return modules[self.trace[block.ln1].module], self._get(f"blocks.{layer}.hook_resid_pre")
+        return modules[block.norms[block.ln1]], self._get(f"blocks.{layer}.hook_resid_pre")
 
     def apply_ln_to_stack(self, stack: Tensor, layer: int | None = None,
-                          pos_slice: Any = None) -> Tensor:
+                          pos_slice: Any = None, mlp_input: bool = False) -> Tensor:
         """``stack`` (``[..., batch, pos, d_model]``) through the norm at ``layer`` with the
         scale frozen from the run: centred (LayerNorm) and divided by the scale the norm
         computed from the real stream; its weight is left to the readers (``logit_attrs``)."""
-        norm, stream = self._norm(layer)
+        norm, stream = self._norm(layer, mlp_input)
         layer_norm = isinstance(norm, nn.LayerNorm) or "layernorm" in type(norm).__name__.lower() \
             and "rms" not in type(norm).__name__.lower()
         eps = float(getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", 1e-5))

@@ -21,7 +21,7 @@ from ..capture.seam import CaptureRequest
 from ..errors import InputError, SiteUnknown
 from ..plugins import hook
 from ..sites import Site, match_names, parse_site, transformer_name, transformer_names
-from .lens import Batched, Lens, Result, SdpaPattern, SdpaScores, SplitHeads, Transposed
+from .lens import Batched, Lens, Result, SdpaPattern, SdpaScores, SplitHeads, Transposed, norm_lens
 from .structure import Structure, read
 
 _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {signature: Structure}
@@ -77,11 +77,14 @@ def anchor(structure: Structure, name: str, model: nn.Module) -> Bound:
     """Where canonical ``name`` lives in ``structure``; refuses when the architecture has none."""
     top = {"hook_embed": structure.embed, "hook_pos_embed": structure.pos_embed,
            "ln_final.hook_normalized": structure.ln_final}
+    modules = dict(model.named_modules())
     if name in top:
         if top[name] is None:
             raise _missing(name, structure.missing.get(name, "not found in the graph"))
         if name == "hook_pos_embed":
             return Bound(name, top[name], Batched(structure.batch))
+        if name == "ln_final.hook_normalized":
+            return Bound(name, top[name], norm_lens(modules[structure.ln_final_module]))
         return Bound(name, top[name], Lens())
     _, layer_text, hook = name.split(".", 2)
     layer = int(layer_text)
@@ -100,6 +103,8 @@ def anchor(structure: Structure, name: str, model: nn.Module) -> Bound:
     if hook in plain:
         if plain[hook] is None:
             raise _missing(name, block.missing.get(hook, "not found in the graph"))
+        if hook.endswith("hook_normalized"):
+            return Bound(name, plain[hook], norm_lens(modules[block.norms[plain[hook]]]))
         return Bound(name, plain[hook], Lens())
     att = block.attention
     if att is None:

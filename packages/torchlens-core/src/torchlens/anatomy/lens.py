@@ -65,6 +65,36 @@ class SplitHeads(Lens):
         return value.unflatten(-1, (self.heads, -1))
 
 
+class Affine(Lens):
+    """A norm's output read as its normalized value before the norm's own scale and shift
+    (TransformerLens's ``hook_normalized``): ``(out - bias) / weight``; an edited value goes back
+    as ``new * weight + bias``."""
+
+    def __init__(self, weight: Tensor | None, bias: Tensor | None):
+        super().__init__()
+        self.weight = None if weight is None else weight.detach()
+        self.bias = None if bias is None else bias.detach()
+
+    def read(self, value, args=(), kwargs=None):
+        if self.bias is not None:
+            value = value - self.bias.to(value.dtype)
+        return value if self.weight is None else value / self.weight.to(value.dtype)
+
+    def write(self, value, new, args=(), kwargs=None):
+        if self.weight is not None:
+            new = new * self.weight.to(new.dtype)
+        return new if self.bias is None else new + self.bias.to(new.dtype)
+
+
+def norm_lens(norm: Any) -> Lens:
+    """The ``Affine`` lens of a norm module (Gemma's RMSNorm scales by ``1 + weight``)."""
+    weight, bias = getattr(norm, "weight", None), getattr(norm, "bias", None)
+    if weight is not None and "gemma" in type(norm).__name__.lower():
+        weight = 1 + weight.detach()
+    return Affine(weight if isinstance(weight, Tensor) else None,
+                  bias if isinstance(bias, Tensor) else None)
+
+
 class Batched(Lens):
     """A value made once for every row (a learned position embedding, ``[1, pos, d_model]``)
     read as ``[batch, pos, d_model]``; an edit must leave the rows equal."""

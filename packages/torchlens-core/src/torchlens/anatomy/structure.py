@@ -67,6 +67,7 @@ class Block:
     attention: Attention | None = None
     mlp_pre: str | None = None
     mlp_post: str | None = None
+    norms: dict[str, str] = field(default_factory=dict)  # a norm's output op -> its module
     missing: dict[str, str] = field(default_factory=dict)  # hook -> why it is not here
 
 
@@ -183,6 +184,7 @@ def _block(layer: int, address: str, call: Any, graph: _Graph, types: dict[str, 
         if _is_norm(types.get(op.module, "")) and op.module != address and \
                 op.module in _outputs_of(op):
             norms.append(op.label)
+            block.norms[op.label] = op.module
     if len(adds) == 2:
         block.resid_mid, block.resid_post = adds[0][0].label, adds[1][0].label
         block.attn_out, block.mlp_out = _other(*adds[0]), _other(*adds[1])
