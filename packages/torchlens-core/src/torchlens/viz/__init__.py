@@ -7,6 +7,7 @@ nothing here imports graphviz.
 from __future__ import annotations
 
 from ..units import format_shape
+from .attention import save_patterns
 from .build import build_view
 from .draw import draw_trace, render_drawing, validate_options
 from .drawing import Drawing
@@ -20,5 +21,5 @@ __all__ = [
     "DIALS", "Drawing", "DrawOptionError", "GraphView", "Renderer", "RendererError", "THEMES",
     "Theme", "ViewCluster", "ViewEdge", "ViewNode", "available_renderers", "build_view",
     "check_options", "choose_renderer", "draw_trace", "format_count", "format_shape",
-    "draw_run", "render_drawing", "validate_options",
+    "draw_run", "render_drawing", "save_patterns", "validate_options",
 ]

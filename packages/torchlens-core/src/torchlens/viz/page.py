@@ -8,7 +8,8 @@ what each node shows are decided here. A page only lays out, toggles and paints.
 
 ``PageModel.data`` is plain JSON (schema ``PAGE_SCHEMA``). Ops are stored by column to keep the
 file small; ``calls[i].items`` lists a call's children in order, an op as its index ``>= 0``
-and a call ``c`` as ``-(c + 1)``.
+and a call ``c`` as ``-(c + 1)``. ``attention`` holds the trace's saved attention patterns for
+the page's attention panel (``torchlens.viz.attention.page_patterns``), or None.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from ..sites import split_pass
 from ..units import format_shape
+from .attention import page_patterns
 from .build import _Builder, shorten
 from .collapse import expanded_calls
 from .groups import is_synthetic
@@ -81,6 +83,7 @@ class _Page:
             "calls": [self._call(key) for key in b.full.calls],
             "root": [self._item(kind, name) for kind, name in b.full.root],
             "groups": [self._group(rep) for rep in self.groups],
+            "attention": page_patterns(b.trace),  # saved attention patterns (None: no panel)
             "start": {
                 "expanded": sorted(self.call_ids[k] for k in expanded if k in self.call_ids),
                 "unfolded": [] if opts.fold else folds,

@@ -484,6 +484,8 @@
         : `<button data-act="expand" data-call="${c}">Expand</button>`);
       h += buttons.join(" ");
     }
+    const li = attnLayerOf(id);
+    if (li >= 0) h += ` <button data-act="attention" data-layer="${li}">Attention pattern</button>`;
     el.details.innerHTML = h;
   }
   function select(id, pin) {
@@ -493,6 +495,88 @@
     const g = el.scene.querySelector(`g[data-id="${id}"]`);
     if (g) g.classList.add("selected");
     details(id);
+    if (pin && attnLayerOf(id) >= 0) showAttention(attnLayerOf(id)); // an attention op or module
+  }
+
+  // ---- attention patterns ---------------------------------------------------------------------
+  // the trace's saved blocks.{L}.attn.hook_pattern (torchlens.viz.attention.page_patterns): per
+  // layer [head][query][key] integers (value / A.scale), batch row 0, at most 64 positions
+  const A = D.attention && D.attention.layers.length ? D.attention : null;
+  const ARAMP = ["#f7fbff", "#6baed6", "#08306b"];
+  function attnColour(v) {
+    if (v === null) return "#d0d7de";
+    const t = Math.min(1, Math.max(0, v));
+    return t < 0.5 ? mix(ARAMP[0], ARAMP[1], t * 2) : mix(ARAMP[1], ARAMP[2], t * 2 - 1);
+  }
+  function attnLayerOf(id) { // the pattern a unit stands for: its attention op, or that op's module
+    if (!A || !id) return -1;
+    const u = units.get(id);
+    if (!u) return -1;
+    if (u.op !== undefined) {
+      const label = O.label[u.op];
+      return A.layers.findIndex((l) => l.op === label || l.op === label.split(":")[0]);
+    }
+    return A.layers.findIndex((l) => l.module && l.module === u.address);
+  }
+  function axis(n) { // the tokens when the input has as many, else positions
+    return Array.from({ length: n }, (_, i) => A.tokens && A.n_tokens === n && i < A.tokens.length ? A.tokens[i] : String(i));
+  }
+  const short = (t) => (t.length > 12 ? t.slice(0, 11) + "…" : t);
+  function heatmap(L, h, ql, kl) {
+    const m = L.values[h], nq = m.length, nk = nq ? m[0].length : 0;
+    const cell = Math.max(4, Math.min(18, Math.floor(240 / Math.max(nq, nk, 1))));
+    const step = Math.ceil(11 / cell), font = "9.5px -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif";
+    let left = 4, top = 4;
+    for (let i = 0; i < nq; i += step) left = Math.max(left, textWidth(short(ql[i]), font) + 6);
+    for (let j = 0; j < nk; j += step) top = Math.max(top, textWidth(short(kl[j]), font) + 6);
+    left = Math.ceil(left); top = Math.ceil(top);
+    const out = [`<svg class="attn-map" xmlns="${NS}" width="${left + cell * nk + 2}" height="${top + cell * nq + 2}" data-head="${h}">`];
+    for (let j = 0; j < nk; j += step) {
+      const x = left + cell * j + cell / 2 + 3, y = top - 4;
+      out.push(`<text class="klabel" data-k="${j}" x="${x}" y="${y}" transform="rotate(-90 ${x} ${y})">${esc(short(kl[j]))}</text>`);
+    }
+    for (let i = 0; i < nq; i += step) {
+      out.push(`<text class="qlabel" data-q="${i}" x="${left - 4}" y="${top + cell * i + cell / 2 + 3}" text-anchor="end">${esc(short(ql[i]))}</text>`);
+    }
+    for (let i = 0; i < nq; i++) {
+      for (let j = 0; j < nk; j++) {
+        const raw = m[i][j], v = raw === null ? null : raw * A.scale;
+        out.push(`<rect class="cell" x="${left + cell * j}" y="${top + cell * i}" width="${cell}" height="${cell}" fill="${attnColour(v)}" ` +
+          `data-q="${i}" data-k="${j}" data-v="${v === null ? "nan" : v.toFixed(4)}"/>`);
+      }
+    }
+    out.push("</svg>");
+    return `<figure class="attn-head" data-head="${h}"><figcaption>head ${h}</figcaption>${out.join("")}</figure>`;
+  }
+  function showAttention(li) {
+    if (!A || li < 0 || li >= A.layers.length) return;
+    S.attn = li;
+    const L = A.layers[li], nq = Math.min(L.queries, L.values.length ? L.values[0].length : 0);
+    const ql = axis(L.queries), kl = axis(L.keys), ops = new Map(O.label.map((l, i) => [l, i]));
+    const op = ops.has(L.op) ? `<a data-op="${ops.get(L.op)}">${esc(L.op)}</a>` : esc(L.op);
+    el.attention.innerHTML = `<div class="attn-bar"><b>Attention</b> <select id="attn-layer">` +
+      A.layers.map((l, i) => `<option value="${i}"${i === li ? " selected" : ""}>layer ${l.layer}</option>`).join("") +
+      `</select> <span class="attn-what">${esc(L.name)} → ${op}${L.module ? " · " + esc(L.module) : ""} · ${L.heads} heads · ` +
+      `${L.queries}×${L.keys} · batch row 0 · colour 0 → 1</span><button id="attn-close" title="close">×</button></div>` +
+      (A.note ? `<div class="attn-note">${esc(A.note)}</div>` : "") +
+      `<div class="attn-heads" data-layer="${L.layer}" data-queries="${nq}">` +
+      L.values.map((_, h) => heatmap(L, h, ql, kl)).join("") + "</div>";
+    el.attention.hidden = false;
+    document.getElementById("attn-layer").onchange = (ev) => showAttention(+ev.target.value);
+    document.getElementById("attn-close").onclick = hideAttention;
+  }
+  function hideAttention() { el.attention.hidden = true; el.tip.hidden = true; S.attn = null; }
+  function attnTip(ev) {
+    const r = ev.target.closest("rect.cell");
+    if (!r) { el.tip.hidden = true; return; }
+    const L = A.layers[S.attn], q = +r.getAttribute("data-q"), k = +r.getAttribute("data-k");
+    const h = r.closest("svg").getAttribute("data-head");
+    const named = (n, i) => (A.tokens && A.n_tokens === n ? ` "${axis(n)[i]}"` : ""); // a token, quoted
+    el.tip.textContent = `head ${h} · query ${q}${named(L.queries, q)} → key ${k}${named(L.keys, k)}: ${r.getAttribute("data-v")}`;
+    const box = el.attention.parentNode.getBoundingClientRect();
+    el.tip.style.left = Math.min(ev.clientX - box.left + 12, box.width - 260) + "px";
+    el.tip.style.top = (ev.clientY - box.top + 14) + "px";
+    el.tip.hidden = false;
   }
 
   // ---- view ----------------------------------------------------------------------------------
@@ -531,14 +615,25 @@
       `<option value="flops">FLOPs</option><option value="params">parameters</option><option value="bytes">output bytes</option>` +
       (D.metric ? `<option value="metric" selected>${esc(D.metric)}</option>` : "") + `</select></label>` +
       `<label><input id="labels" type="checkbox" checked> shapes on edges</label><button id="fit">Fit</button>` +
+      (A ? `<button id="attention-btn" title="the saved attention patterns, one heatmap per head">Attention</button>` : "") +
       (STEPS ? `<label>step <select id="step">${STEPS.rows.map((r, i) => `<option value="${i}"${i === S.step ? " selected" : ""}>` +
         `${r.step}${i === 0 && STEPS.rows.length > 1 && STEPS.rows[1].graph !== r.graph ? " (prefill)" : ""}` +
         `${r.token !== null && r.token !== undefined ? " · token " + r.token : ""} · ${r.time_ms} ms</option>`).join("")}</select></label>` : "") +
       `<span id="count" class="count"></span></div><div class="banner" id="banner"></div>` +
       `<div class="main"><svg class="graph" id="graph" xmlns="${NS}"><defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">` +
       `<path d="M0,0L10,5L0,10z" fill="${T.edge}"/></marker></defs><g id="scene"></g></svg>` +
-      `<div class="details" id="details"></div><div class="legend" id="legend"></div></div>`;
-    for (const id of ["graph", "scene", "details", "legend", "count", "hits", "banner", "search", "depth"]) el[id] = document.getElementById(id);
+      `<div class="details" id="details"></div><div class="legend" id="legend"></div>` +
+      (A ? `<div class="attention" id="attention" hidden></div><div class="attn-tip" id="attn-tip" hidden></div>` : "") + `</div>`;
+    for (const id of ["graph", "scene", "details", "legend", "count", "hits", "banner", "search", "depth", "attention"]) el[id] = document.getElementById(id);
+    el.tip = document.getElementById("attn-tip");
+    if (A) {
+      document.getElementById("attention-btn").onclick = () => {
+        if (!el.attention.hidden) hideAttention(); else showAttention(S.attn ?? 0);
+      };
+      el.attention.addEventListener("mouseover", attnTip);
+      el.attention.addEventListener("mouseleave", () => { el.tip.hidden = true; });
+      el.attention.addEventListener("click", (ev) => { if (jump(ev)) hideAttention(); });
+    }
     el.svg = el.graph;
     if (D.banner) el.banner.textContent = "⚠ " + D.banner + " — this graph is the forward for that synthesized input.";
     if (D.diff) el.banner.textContent = (D.banner ? el.banner.textContent + " " : "") + `Diff of ${D.diff.a} → ${D.diff.b} (atol ${D.diff.atol}, rtol ${D.diff.rtol}): ` +
@@ -578,9 +673,10 @@
       const id = target.getAttribute("data-id");
       if (id[0] === "k") { S.expanded.delete(+id.slice(1)); render(); return; }
       if (id[0] === "c") {
-        const c = +id.slice(1);
+        const c = +id.slice(1), li = attnLayerOf(id);
         if (foldedGroup(c)) open(C[c].group); else S.expanded.add(c);
         render();
+        if (li >= 0) showAttention(li);
         return;
       }
       select(id, true);
@@ -606,6 +702,8 @@
         reveal(i); render();
         const u = units.get(unitOf(i));
         if (u) { focus(u); select(u.id, true); }
+      } else if (b && b.getAttribute("data-act") === "attention") {
+        showAttention(+b.getAttribute("data-layer"));
       } else if (b) {
         const act = b.getAttribute("data-act"), c = +b.getAttribute("data-call"), g = +b.getAttribute("data-group");
         if (act === "unfold") open(C[c].group);
@@ -642,6 +740,7 @@
     render: () => render(),
     nodeCount: () => [...units.values()].filter((u) => u.kind === "node").length,
     expandAll: () => document.getElementById("expand-all").click(),
+    attention: (li) => showAttention(li),
   };
   setup();
   render();
