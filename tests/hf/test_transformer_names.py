@@ -321,3 +321,89 @@ def test_residual_algebra_adds_up_to_the_run():
     with pytest.raises(TorchLensError) as info:
         tl.transformer(tl.trace(model, ids, save=["blocks.0.hook_resid_pre"])).accumulated_resid()
     assert info.value.code == "activation_not_saved"
+
+
+def test_names_in_a_patching_sweep_equal_their_op_labels():
+    model, ids = _gpt2()
+    clean, corrupt = ids[:1], ids[:1].flip(1)
+
+    def metric(out):
+        return out.logits[0, -1, 3] - out.logits[0, -1, 5]
+
+    by_name = tl.patching.sweep(model, clean, corrupt, sites=["blocks.*.hook_resid_pre"],
+                                metric=metric)
+    labels = tl.trace(model, clean, save=["blocks.*.hook_resid_pre"]).meta["names"]
+    by_label = tl.patching.sweep(model, clean, corrupt, sites=list(labels.values()),
+                                 metric=metric)
+    assert by_name.sites == ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"]
+    close(by_name.values, by_label.values, atol=0)
+    batched = tl.patching.sweep(model, clean, corrupt, sites=["blocks.*.hook_resid_pre"],
+                                metric=metric, batch_size=4)
+    close(batched.values, by_name.values, atol=1e-6)
+
+
+def test_names_in_a_recording_equal_the_trace(tmp_path):
+    model, ids = _gpt2()
+    save = ["blocks.*.hook_resid_post", "blocks.0.attn.hook_pattern", "blocks.1.attn.hook_z"]
+    rec = tl.record(model, [ids[:1], ids[1:]], save=save)
+    assert rec.labels == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post",
+                          "blocks.0.attn.hook_pattern", "blocks.1.attn.hook_z"]
+    want = tl.trace(model, ids[1:], save=save)
+    for name in rec.labels:
+        close(rec[name][1], want[name].out[0], atol=1e-6)
+    store = tl.record(model, [ids[:1], ids[1:]], save=save, to=tmp_path / "store")
+    close(store["blocks.0.attn.hook_pattern"][1:2], want["blocks.0.attn.hook_pattern"].out,
+          atol=1e-6)
+
+
+def test_gradients_at_names_in_their_layout():
+    model, ids = _gpt2()
+    trace = tl.trace(model, ids, save=None,
+                     save_grads=["blocks.1.hook_resid_pre", "blocks.0.attn.hook_z"])
+    trace.backward(lambda out: out.logits[:, -1, 3].sum())
+    holder = {}
+
+    def keep(module, args):
+        args[0].retain_grad()
+        holder["x"] = args[0]
+
+    handle = model.transformer.h[0].attn.c_proj.register_forward_pre_hook(keep)
+    model.zero_grad()
+    model(ids).logits[:, -1, 3].sum().backward()
+    handle.remove()
+    z_grad = holder["x"].grad.unflatten(-1, (4, 8))
+    close(trace["blocks.0.attn.hook_z"].grad, z_grad, atol=1e-6)
+    assert list(trace["blocks.1.hook_resid_pre"].grad.shape) == [2, 7, 32]
+    with pytest.raises(TorchLensError) as info:
+        tl.trace(model, ids, save_grads=["blocks.0.attn.hook_z"],
+                 grad_edits={"blocks.0.attn.hook_z": tl.edits.zero()})
+    assert info.value.code == "edit_invalid"
+
+
+class WrongHeads:
+    """A plugin whose torchlens_transformer_hints contradict the graph (8 heads, not 4)."""
+
+    @tl.hookimpl
+    def torchlens_transformer_hints(self, model):
+        return {"n_heads": 8}
+
+
+def test_a_hint_the_graph_contradicts_refuses_and_config_hints_agree():
+    from torchlens.anatomy.bind import hints as config_hints
+    from torchlens.plugins import get_plugin_manager
+
+    model, ids = _gpt2()
+    hints = config_hints(model)  # torchlens-hf: from the config
+    assert hints["n_heads"] == [4] and hints["d_head"] == [8] and hints["unembed"] == ["lm_head"]
+    assert hints["embed"] == ["transformer.wte"]
+    assert tl.trace(model, ids, save=["blocks.0.attn.hook_z"])  # the config agrees
+    pm = get_plugin_manager()
+    plugin = WrongHeads()
+    pm.register(plugin)
+    try:
+        with pytest.raises(TorchLensError) as info:
+            tl.trace(model, ids, save=["blocks.0.attn.hook_z"])
+        assert info.value.code == "transformer_hint_disagrees"
+        assert "n_heads=8" in str(info.value)
+    finally:
+        pm.unregister(plugin)

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from .anatomy import bind_request, has_names
+from .anatomy import Names, bind_request, has_names
 from .capture.engine import capture, parse_save, saves_nothing
 from .capture.entry import (
     LAZY_TEACH,
@@ -74,11 +74,12 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     ``trace.backward(target)``; ``grad_edits={site: edit}`` change the gradient there.
     """
     inv = checked_inventory(model, "trace")
-    names = has_names(save, edits, inv)  # bound below, once the input is resolved
+    # transformer names are bound below, once the input is resolved
+    names = has_names(save, edits, inv) or has_names(save_grads, grad_edits, inv)
     if not names:
         parse_save(save, model, inv)
         plan = plan_edits(edits, inv, model, allow_unfired, "trace")
-    grads = plan_grads(save_grads, grad_edits, inv, model)
+        grads = plan_grads(save_grads, grad_edits, inv, model)
     # what trace.push recomputes from: each op's call
     keeper = TemplateKeeper() if intervention_ready and save == "all" else None
     if intervention_ready and inv.lazy:
@@ -98,8 +99,12 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     named = None
     if names:
         save, sites, named = bind_request(model, res.args, res.kwargs, inv, save, edits)
+        grad_save, grad_sites, grad_named = bind_request(model, res.args, res.kwargs, inv,
+                                                         save_grads, grad_edits)
         parse_save(save, model, inv)
         plan = plan_edits(edits, inv, model, allow_unfired, "trace", named=sites)
+        grads = plan_grads(grad_save, grad_edits, inv, model, named=grad_sites)
+        named = Names.of(named, grad_named)
     if grads is not None:  # a capture of its own, in the caller's grad mode
         args, kwargs = needing_grad(res.args, res.kwargs)
         with forward_errors(res, "trace"):

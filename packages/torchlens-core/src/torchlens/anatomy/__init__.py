@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from .algebra import LogitLens, TransformerView, transformer
 from .bind import Bound, anchor, expand, probe, structure_of
-from .named import Named, Names, bind_request, has_names
+from .named import Named, Names, NameTaps, bind_request, expand_names, has_names, name_sites
 from .structure import Structure
 
-__all__ = ["Bound", "LogitLens", "Named", "Names", "Structure", "anchor", "bind_request", "expand",
-           "has_names", "probe", "structure_of", "transformer", "TransformerView"]
+__all__ = ["Bound", "LogitLens", "NameTaps", "Named", "Names", "Structure", "TransformerView",
+           "anchor", "bind_request", "expand", "expand_names", "has_names", "name_sites",
+           "probe", "structure_of", "transformer"]

@@ -24,14 +24,17 @@ from ..sites import Site, match_names, parse_site, transformer_name, transformer
 from .lens import Batched, Lens, Result, SdpaPattern, SdpaScores, SplitHeads, Transposed, norm_lens
 from .structure import Structure, read
 
-_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {signature: Structure}
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {signature: Trace}
 
 
-def hints(model: nn.Module) -> dict[str, Any]:
-    """What plugins know of the model's anatomy (``torchlens_transformer_hints``), merged."""
-    merged: dict[str, Any] = {}
+def hints(model: nn.Module) -> dict[str, list[Any]]:
+    """What plugins know of the model's anatomy (``torchlens_transformer_hints``): each key's
+    values, one a plugin (the graph checks every one)."""
+    merged: dict[str, list[Any]] = {}
     for found in hook().torchlens_transformer_hints(model=model) or ():
-        merged.update({k: v for k, v in (found or {}).items() if v is not None})
+        for key, value in (found or {}).items():
+            if value is not None:
+                merged.setdefault(key, []).append(value)
     return merged
 
 
@@ -49,16 +52,16 @@ def _signature(args: tuple, kwargs: dict) -> tuple:
 
 
 def probe(model: nn.Module, args: tuple, kwargs: dict, inv: Any = None) -> Structure:
-    """The structure from one metadata-only capture of these inputs (kept per model and input
-    signature; the capture draws from a forked RNG and changes nothing)."""
+    """The structure from one metadata-only capture of these inputs (the capture is kept per
+    model and input signature; it draws from a forked RNG and changes nothing)."""
     per_model = _cache.setdefault(model, {})
     key = _signature(args, kwargs)
-    found = per_model.get(key)
-    if found is None:
+    trace = per_model.get(key)
+    if trace is None:
         with torch.random.fork_rng(), torch.no_grad():
-            trace = capture(CaptureRequest(model, args, kwargs, save=None, inventory=inv))
-        found = per_model[key] = read(trace, model, hints(model))
-    return found
+            trace = per_model[key] = capture(CaptureRequest(model, args, kwargs, save=None,
+                                                            inventory=inv))
+    return read(trace, model, hints(model))
 
 
 @dataclass

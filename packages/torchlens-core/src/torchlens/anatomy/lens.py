@@ -27,6 +27,7 @@ class Lens:
     head_axis: int | None = None  # the head axis of the name's layout (what ``head=`` indexes)
     derived = False  # computed from the anchor call's arguments, during the capture
     editable = True
+    identity = True  # the name's value is the anchor's output itself
 
     def __init__(self, head_axis: int | None = None):
         self.head_axis = head_axis
@@ -47,6 +48,8 @@ class Transposed(Lens):
     """``[batch, head, pos, d_head]`` (what attention kernels take) read as ``[batch, pos, head,
     d_head]``."""
 
+    identity = False
+
     def __init__(self) -> None:
         super().__init__(head_axis=2)
 
@@ -56,6 +59,8 @@ class Transposed(Lens):
 
 class SplitHeads(Lens):
     """A projection's ``[batch, pos, heads * d_head]`` read as ``[batch, pos, head, d_head]``."""
+
+    identity = False
 
     def __init__(self, heads: int):
         super().__init__(head_axis=2)
@@ -69,6 +74,8 @@ class Affine(Lens):
     """A norm's output read as its normalized value before the norm's own scale and shift
     (TransformerLens's ``hook_normalized``): ``(out - bias) / weight``; an edited value goes back
     as ``new * weight + bias``."""
+
+    identity = False
 
     def __init__(self, weight: Tensor | None, bias: Tensor | None):
         super().__init__()
@@ -99,6 +106,8 @@ class Batched(Lens):
     """A value made once for every row (a learned position embedding, ``[1, pos, d_model]``)
     read as ``[batch, pos, d_model]``; an edit must leave the rows equal."""
 
+    identity = False
+
     def __init__(self, batch: int):
         super().__init__()
         self.batch = batch
@@ -123,6 +132,8 @@ class Result(Lens):
     """Each head's contribution to the attention's output, ``[batch, pos, head, d_model]``: z
     (``[batch, pos, head, d_head]``) through that head's slice of the output projection (its
     sum over heads plus the bias is ``hook_attn_out``). Read only."""
+
+    identity = False
 
     editable = False
 
@@ -189,6 +200,8 @@ def attend(pattern: Tensor, call: dict[str, Any], like: Tensor) -> Tensor:
 class SdpaScores(Lens):
     """``hook_attn_scores`` of a fused attention call, recomputed from its arguments."""
 
+    identity = False
+
     derived = True
 
     def __init__(self) -> None:
@@ -206,6 +219,8 @@ class SdpaScores(Lens):
 class SdpaPattern(Lens):
     """``hook_pattern`` of a fused attention call, recomputed from its arguments; writing one
     recomputes the call's output as ``pattern @ v``."""
+
+    identity = False
 
     derived = True
 

@@ -12,7 +12,7 @@ from torch import Tensor
 from .. import capabilities
 from ..capture.seam import Part
 from ..errors import LookupFailed, TorchLensError
-from ..sites import name_of, split_pass, transformer_name
+from ..sites import Site, name_of, split_pass, transformer_name
 from ..units import format_shape
 from .bind import Bound, as_sites, expand, names_in, probe, structure_of
 
@@ -56,6 +56,17 @@ class Named:
         return self.lens.read(value[0] if isinstance(value, tuple) else value)
 
     @property
+    def grad(self) -> Tensor:
+        """The gradient of ``trace.backward``'s target with respect to this name's value, in
+        its layout (the name must be among ``save_grads=``)."""
+        if self.lens.derived:
+            raise TorchLensError(f"{self.name!r} is computed for reading; it has no gradient of "
+                                 "its own", code="grads_unavailable",
+                                 teach=["tl.trace(model, x, save_grads=['blocks.0.attn.hook_z'])"])
+        grad = self._trace[self.label].grad
+        return self.lens.read(grad[0] if isinstance(grad, tuple) else grad)
+
+    @property
     def shape(self) -> list[int] | None:
         try:
             return list(self.out.shape)
@@ -80,6 +91,12 @@ class Names(Part):
         self.ops = set(self.derived)
         self.values: dict[str, Tensor] = {}
 
+    @classmethod
+    def of(cls, *parts: Names | None) -> Names | None:
+        """One part for the names of several (None when none has any)."""
+        bound = {b.name: b for part in parts if part is not None for b in part.bound}
+        return cls(list(bound.values())) if bound else None
+
     def start(self, session: Any) -> None:
         self.values.clear()
 
@@ -94,7 +111,7 @@ class Names(Part):
         table = trace._objects.setdefault("names", {})
         for b in self.bound:
             table[b.name] = Named(b, trace, self.values.get(b.name))
-        trace.meta["names"] = {b.name: b.label for b in self.bound}
+        trace.meta.setdefault("names", {}).update({b.name: b.label for b in self.bound})
 
 
 @capabilities.provide("transformer_name")
@@ -162,3 +179,65 @@ def bind_request(model: Any, args: tuple, kwargs: dict, inv: Any, save: Any,
             bound.setdefault(b.name, b)
         sites[text] = as_sites(found, text)
     return new_save, sites, Names(list(bound.values()))
+
+
+def expand_names(model: Any, args: tuple, kwargs: dict, inv: Any, texts: list[str]) -> list[str]:
+    """``texts`` with each transformer name or name glob replaced by the canonical names it
+    spells that the architecture has (other sites as they are)."""
+    addresses = [address for address, _ in inv.modules if address]
+    names = set(names_in(texts, addresses))
+    if not names:
+        return list(texts)
+    structure = probe(model, args, kwargs, inv)
+    out: dict[str, None] = {}
+    for text in texts:
+        for name in ([b.name for b in expand(text, structure, model)] if text in names
+                     else [text]):
+            out[name] = None
+    return list(out)
+
+
+def name_sites(model: Any, args: tuple, kwargs: dict, inv: Any,
+               texts: list[str]) -> dict[str, list[Site]]:
+    """The edit-plan sites of the transformer names among ``texts`` (``{text: sites}``)."""
+    return bind_request(model, args, kwargs, inv, None, dict.fromkeys(texts))[1]
+
+
+class NameTaps:
+    """A light capture's transformer names (``tl.record``): the anchors kept raw, each name
+    then read through its lens (derived ones as their calls run) and kept as the caller keeps
+    values, under the name."""
+
+    def __init__(self, model: Any, args: tuple, kwargs: dict, inv: Any, save: list[str]):
+        addresses = [address for address, _ in inv.modules if address]
+        names = set(names_in(save, addresses))
+        structure = probe(model, args, kwargs, inv)
+        self.bound = [b for text in save if text in names
+                      for b in expand(text, structure, model)]
+        self.part = Names(self.bound)
+        self.plain = [text for text in save if text not in names]
+        self.anchors = {b.label for b in self.bound if not b.lens.derived} - set(self.plain)
+        self.save = self.plain + sorted(self.anchors)
+
+    def keep(self, keeper: Any) -> Any:
+        """The capture's keep: anchors raw, the rest as ``keeper`` keeps them."""
+        def keep(key: str, value: Any) -> Any:
+            if name_of(key) in self.anchors:
+                return value.detach().clone() if isinstance(value, Tensor) else value
+            return keeper(key, value)
+        return keep
+
+    def values(self, raw: dict[str, Any], keeper: Any) -> dict[str, Any]:
+        """The kept values with each name's value in place of its raw anchor."""
+        out = {k: v for k, v in raw.items() if name_of(k) not in self.anchors}
+        by_name = {name_of(k): v for k, v in raw.items()}
+        for b in self.bound:
+            if b.lens.derived:
+                value = self.part.values.get(b.name)
+            else:
+                value = by_name.get(b.label)
+                value = b.lens.read(value[0] if isinstance(value, tuple) else value) \
+                    if value is not None else None
+            if value is not None:
+                out[b.name] = keeper(b.name, value)
+        return out

@@ -105,7 +105,8 @@ def block_list(model: nn.Module) -> tuple[str, list[str]] | None:
     return None if best is None else (best[2], best[3])
 
 
-def read(trace: Any, model: nn.Module, hints: dict[str, Any] | None = None) -> Structure:
+def read(trace: Any, model: nn.Module, hints: dict[str, list[Any]] | None = None
+         ) -> Structure:
     """The structure of ``model`` from ``trace`` (a capture of it, values not needed)."""
     found = block_list(model)
     if found is None:
@@ -196,10 +197,11 @@ def _block(layer: int, address: str, call: Any, graph: _Graph, types: dict[str, 
     else:
         block.missing["hook_resid_mid"] = block.missing["hook_resid_post"] = (
             f"found {len(adds)} residual adds in {address}, not 1 or 2")
-    if hints.get("parallel_residual") is not None and \
-            bool(hints["parallel_residual"]) != (len(adds) == 1):
+    for said in hints.get("parallel_residual", ()):
+        if bool(said) == (len(adds) == 1):
+            continue
         raise InputError(
-            f"the model's config says parallel_residual={hints['parallel_residual']}, but the "
+            f"a plugin's hint says parallel_residual={said}, but the "
             f"graph of {address} has {len(adds)} residual adds", code="transformer_hint_disagrees",
             teach=["tl.trace(model, x, save=None)[" + repr(address) + "]  # read the block"])
     if len(norms) in (2, 4):
@@ -328,10 +330,12 @@ def _attention(ops: list, block: str, graph: _Graph, types: dict[str, str], mode
             _outputs_of(graph.ops[start]).isdisjoint(a for a, _ in before)
     for key, want in (("n_heads", att.n_heads), ("n_kv_heads", att.n_kv_heads),
                       ("d_head", att.d_head)):
-        if hints.get(key) is not None and int(hints[key]) != want:
+        for said in hints.get(key, ()):
+            if int(said) == want:
+                continue
             raise InputError(
-                f"the model's config says {key}={hints[key]}, but the attention in {block} has "
-                f"{want}", code="transformer_hint_disagrees",
+                f"a plugin's hint says {key}={said}, but the attention in {block} has {want}",
+                code="transformer_hint_disagrees",
                 teach=[f"tl.trace(model, x, save=None)[{att.op!r}]  # the attention op"])
     return att
 
@@ -383,14 +387,14 @@ def _ends(structure: Structure, graph: _Graph, types: dict[str, str], trace: Any
     before = [op for op in trace if graph.order[op.label] <= start]
     embeds = [op for op in before if op.func == "embedding"]
     from_input = [op for op in embeds if _reaches_input(op, graph)]
-    token = next((op for op in from_input if hints.get("embed") in (None, op.module)), None)
+    token = next((op for op in from_input if _hint(hints, "embed") in (None, op.module)), None)
     if token is None:
         structure.missing["hook_embed"] = "no embedding of the input ids before the first block"
     else:
         structure.embed = token.label
     positions = [op for op in embeds if op not in from_input]
-    if hints.get("pos_embed"):
-        positions = [op for op in positions if op.module == hints["pos_embed"]]
+    if _hint(hints, "pos_embed"):
+        positions = [op for op in positions if op.module == _hint(hints, "pos_embed")]
     if len(positions) == 1:
         structure.pos_embed = positions[0].label
     else:
@@ -410,7 +414,7 @@ def _ends(structure: Structure, graph: _Graph, types: dict[str, str], trace: Any
     else:
         structure.ln_final_module = norm.module
         structure.ln_final = next(op.label for op in trace if norm.module in _outputs_of(op))
-    unembed = hints.get("unembed")
+    unembed = _hint(hints, "unembed")
     logits = [op for op in trace if op.func == "linear" and graph.order[op.label] >
               graph.order[end.label]]
     if unembed:
@@ -419,6 +423,11 @@ def _ends(structure: Structure, graph: _Graph, types: dict[str, str], trace: Any
         structure.unembed = logits[-1].module
     else:
         structure.missing["unembed"] = "no projection to the vocabulary after the last block"
+
+
+def _hint(hints: dict[str, list[Any]], key: str) -> Any:
+    """The first plugin's hint for ``key`` (an address), or None."""
+    return (hints.get(key) or [None])[0]
 
 
 def _block_output(block: Block, trace: Any) -> str:

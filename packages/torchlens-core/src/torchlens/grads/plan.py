@@ -11,7 +11,7 @@ import torch
 
 from ..capture.seam import Part
 from ..edits.values import as_edit
-from ..errors import InputTypeError, grads_unavailable
+from ..errors import InputError, InputTypeError, grads_unavailable
 from ..sites import Site, resolve
 from .backward import GradState
 from .observer import GradObserver
@@ -42,8 +42,8 @@ class GradPlan(Part):
                 list(session.request.model.parameters()), self.texts)
 
 
-def plan_grads(save_grads: Any, grad_edits: Any, inv: Any, model: torch.nn.Module
-               ) -> GradPlan | None:
+def plan_grads(save_grads: Any, grad_edits: Any, inv: Any, model: torch.nn.Module,
+               named: Mapping[str, list[Site]] | None = None) -> GradPlan | None:
     """None when neither is asked; otherwise the plan, or a refusal before any forward."""
     if save_grads is None and not grad_edits:
         return None
@@ -72,6 +72,10 @@ def plan_grads(save_grads: Any, grad_edits: Any, inv: Any, model: torch.nn.Modul
     sites = [site for text in texts for site in resolve(
         text, addresses, option="save_grads=", model_class=name, code="save_selection_invalid",
         example=lambda c: f"tl.trace(model, x, save_grads=[{c!r}])")]
+    if any(site.kind == "name" for site in sites):
+        raise InputError("save_grads= names transformer names on a surface that does not bind "
+                         "them", code="save_selection_invalid",
+                         teach=["tl.trace(model, x, save_grads=['blocks.0.hook_resid_post'])"])
     edits: list[tuple[Site, Any]] = []
     if grad_edits:
         if not isinstance(grad_edits, Mapping):
@@ -87,9 +91,18 @@ def plan_grads(save_grads: Any, grad_edits: Any, inv: Any, model: torch.nn.Modul
                     "takes zero, scale, add, replace or a callable", code="edit_invalid",
                     teach=[f"grad_edits={{{text!r}: tl.edits.zero()}}",
                            f"grad_edits={{{text!r}: lambda grad, op: grad * 0.5}}"])
-            for site in resolve(text, addresses, option="grad_edits=", model_class=name,
-                                code="edit_site_unknown",
-                                example=lambda c: f"grad_edits={{{c!r}: tl.edits.zero()}}"):
+            for site in (named or {}).get(text) or resolve(
+                    text, addresses, option="grad_edits=", model_class=name,
+                    code="edit_site_unknown",
+                    example=lambda c: f"grad_edits={{{c!r}: tl.edits.zero()}}"):
+                if site.kind == "name" or site.lens is not None and not site.lens.identity:
+                    raise InputError(
+                        f"grad_edits= at {text!r}: a gradient edit takes a name whose value "
+                        "is its op's output as it is (the residual stream, a branch's output), "
+                        "not a view of it (heads, patterns)", code="edit_invalid",
+                        teach=["grad_edits={'blocks.0.hook_resid_post': tl.edits.zero()}",
+                               f"tl.trace(model, x, save=[{text!r}]).meta['names']  "
+                               "# the op it stands on"])
                 edits.append((site, edit))
     observer = GradObserver(sites + [site for site, _ in edits], every)
     return GradPlan(observer, edits, ["all"] if every else list(texts))

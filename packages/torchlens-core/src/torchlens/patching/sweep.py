@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..anatomy import expand_names, name_sites
 from ..capture.boundaries import leaves
 from ..capture.taps import edited_forward
 from ..edits.plan import EditPlan
@@ -105,6 +106,7 @@ def prepare(model: nn.Module, clean: Any, corrupt: Any, sites: Any, metric: Any,
     good, bad = (resolve_for(model, value, input_kwargs=None, input_shape=None,
                              surface=surface, options=options) for value in (clean, corrupt))
     _check_inputs(good, bad, batch_size)
+    rows = expand_names(model, good.args, good.kwargs, inv, rows)
     return inv, rows, good, bad
 
 
@@ -119,7 +121,7 @@ def _rows(model: nn.Module, inv: Any, texts: list[str]) -> list[str]:
         for site in resolve(text, addresses, option="sites=", model_class=type(model).__name__,
                             code="edit_site_unknown",
                             example=lambda c: f"tl.patching.sweep(..., sites=[{c!r}])"):
-            if site.kind == "op":
+            if site.kind in ("op", "name"):  # a transformer name is bound once inputs are known
                 rows[site.text] = None
             else:
                 rows[site.name if site.pass_num is None else
@@ -172,7 +174,8 @@ def _run(model, inv, source, rows, positions, chunk, bad, metric) -> list[float]
     for r, (i, j) in enumerate(chunk):
         by_site.setdefault(rows[i], []).append((r, positions[j]))
     plan = EditPlan({site: _CellPatch(source, cells) for site, cells in by_site.items()}, inv,
-                    model, surface=SURFACE)
+                    model, surface=SURFACE,
+                    named=name_sites(model, bad.args, bad.kwargs, inv, list(by_site)))
     n = len(chunk)
     args, kwargs = (bad.args, bad.kwargs) if n == 1 else (_repeat(bad.args, n),
                                                            _repeat(bad.kwargs, n))

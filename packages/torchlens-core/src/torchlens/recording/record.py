@@ -17,14 +17,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..anatomy import NameTaps, has_names
 from ..capture.engine import capture, parse_save
 from ..capture.inference import outside_inference_mode
-from ..capture.inventory import Inventory
+from ..capture.inventory import Inventory, inventory
 from ..capture.meta import refuse_values
 from ..capture.seam import CaptureRequest
 from ..capture.taps import Taps
 from ..errors import InputError
-from ..sites import expand_globs, name_of
+from ..sites import expand_globs, name_of, transformer_name
 from . import distributed
 from .dry_run import SAVE_TEACH, dry_run
 from .manifest import MANIFEST, RecordingError, header, merge, rank_manifest, read_json, write_json
@@ -143,7 +144,7 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     inv = checked_inventory(model, "record")
     refuse_values(model, "record", "recorded activations", inv)
     save = expand_globs(list(save), [address for address, _ in inv.modules])
-    parse_save(save, model, inv)  # module addresses are checked now
+    parse_save([s for s in save if not has_names([s], None, inv)], model, inv)  # modules now
     plan = plan_edits(edits, inv, model, False, "record")
     gen = None
     if generate is not None:
@@ -180,6 +181,7 @@ def _check_labels(model: nn.Module, first: Any, save: list[str], options: dict,
                   prompts: bool, inv: Inventory) -> None:
     """The dry_run check: op labels the forward does not make refuse before any recording."""
     modules = {name for name, _ in inv.modules if name}
+    save = [s for s in save if not has_names([s], None, inv)]  # names bind at the capture
     if all(s in modules for s in save):
         return
     dry_run(model, [first] if prompts else first, save=save, **options)
@@ -192,18 +194,25 @@ def _resolve(model: nn.Module, value: Any, options: dict, inv: Inventory | None)
                        options=options, inv=inv)
 
 
-def _capture(model: nn.Module, res, save: list[str], keeper: Keeper, plan: Any = None
-             ) -> dict[str, Any]:
-    """One light capture; recording needs no autograd graph, so none is built."""
+def _capture(model: nn.Module, res, save: list[str], keeper: Keeper, plan: Any = None,
+             inv: Inventory | None = None) -> dict[str, Any]:
+    """One light capture; recording needs no autograd graph, so none is built. Transformer
+    names among ``save`` are bound to this input's graph (``anatomy.NameTaps``)."""
+    inv = inv or res.inventory or inventory(model)
+    names = NameTaps(model, res.args, res.kwargs, inv, save) if has_names(save, None, inv) \
+        else None
     with torch.no_grad():
-        taps = Taps(keep=keeper)
-        capture(CaptureRequest(model, res.args, res.kwargs, save=save, inventory=res.inventory),
-                [p for p in (plan, taps) if p is not None])
-        return taps.values
+        taps = Taps(keep=keeper if names is None else names.keep(keeper))
+        capture(CaptureRequest(model, res.args, res.kwargs,
+                               save=save if names is None else names.save,
+                               inventory=res.inventory),
+                [p for p in (plan, names and names.part, taps) if p is not None])
+        return taps.values if names is None else names.values(taps.values, keeper)
 
 
 def _missing(values: dict[str, Any], save: list[str]) -> None:
-    missing = [s for s in save if not any(k == s or name_of(k) == s for k in values)]
+    missing = [s for s in save if transformer_name(s) is None  # (names refuse as they bind)
+               and not any(k == s or name_of(k) == s for k in values)]
     if missing:
         raise InputError(f"save= names {missing} that no op or module of this forward matches",
                          code="save_selection_invalid", teach=SAVE_TEACH)
