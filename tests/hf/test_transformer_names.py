@@ -407,3 +407,19 @@ def test_a_hint_the_graph_contradicts_refuses_and_config_hints_agree():
         assert "n_heads=8" in str(info.value)
     finally:
         pm.unregister(plugin)
+
+
+def test_binding_names_leaves_a_kv_cache_and_the_rng_as_a_plain_call_would():
+    from transformers import DynamicCache
+
+    model, ids = _gpt2()
+    plain_cache, traced_cache = DynamicCache(), DynamicCache()
+    with torch.no_grad():
+        model(ids, past_key_values=plain_cache, use_cache=True)
+    state = torch.random.get_rng_state()
+    trace = tl.trace(model, {"input_ids": ids, "past_key_values": traced_cache,
+                             "use_cache": True}, save=["blocks.1.hook_resid_post"])
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert traced_cache.get_seq_length() == plain_cache.get_seq_length() == 7
+    close(traced_cache.layers[0].keys, plain_cache.layers[0].keys, atol=0)
+    assert trace["blocks.1.hook_resid_post"].saved

@@ -9,15 +9,16 @@ real capture will make).
 
 from __future__ import annotations
 
+import copy
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
-from ..capture.engine import capture
-from ..capture.seam import CaptureRequest
+from ..capture.entry import pinned_capture
 from ..errors import InputError, SiteUnknown
 from ..plugins import hook
 from ..sites import Site, match_names, parse_site, transformer_name, transformer_names
@@ -52,16 +53,26 @@ def _signature(args: tuple, kwargs: dict) -> tuple:
 
 
 def probe(model: nn.Module, args: tuple, kwargs: dict, inv: Any = None) -> Structure:
-    """The structure from one metadata-only capture of these inputs (the capture is kept per
-    model and input signature; it draws from a forked RNG and changes nothing)."""
+    """The structure from one metadata-only capture of these inputs (kept per model and input
+    signature), pinned as ``tl.summary``'s: the model, the RNG and the inputs left as they
+    were."""
     per_model = _cache.setdefault(model, {})
     key = _signature(args, kwargs)
     trace = per_model.get(key)
     if trace is None:
-        with torch.random.fork_rng(), torch.no_grad():
-            trace = per_model[key] = capture(CaptureRequest(model, args, kwargs, save=None,
-                                                            inventory=inv))
+        # pinned (modes, RNG, buffers restored), on copies of stateful arguments (a KV cache
+        # object the forward would grow)
+        args, kwargs = tree_map(_copy_state, (args, kwargs))
+        trace = per_model[key] = pinned_capture(model, args, kwargs, save=None,
+                                                surface="transformer names", inv=inv)
     return read(trace, model, hints(model))
+
+
+def _copy_state(value: Any) -> Any:
+    """A deep copy of an argument that is no tensor or plain value (it may hold state)."""
+    if isinstance(value, (torch.Tensor, int, float, bool, str, type(None))):
+        return value
+    return copy.deepcopy(value)
 
 
 @dataclass

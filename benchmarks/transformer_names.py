@@ -1,0 +1,130 @@
+"""What a transformer name costs: ``tl.trace(save="blocks.*.hook_resid_post")`` over a plain
+forward, against TransformerLens 4.3's ``run_with_cache(names_filter=...)`` over its own forward,
+on the same GPT-2 weights, in one run.
+
+Run ``hatch run bench:names`` (``--runs 30``, ``--layers 12``). GPT-2 from ``GPT2Config()``
+(12 layers, 768 wide; ``--layers`` fewer), random weights saved to a temporary folder and
+booted offline by ``TransformerBridge.boot_transformers`` (raw HF weights, eager attention, as
+the bridge runs), input 1x64 ids, ``torch.no_grad()``, one thread; every method timed in the
+same rounds by ``_common.time_rounds`` (rotating order). Rows:
+
+- the plain HF forward, and ``tl.trace`` of the residual stream names (after the first call:
+  the structure's metadata capture is kept per input signature);
+- the same with every block's attention pattern also saved (what reading patterns costs: each
+  is recomputed from its fused attention call; unread, it costs nothing: nothing computes it);
+- ``bridge(ids)`` and ``bridge.run_with_cache(ids, names_filter=...)`` for the same names.
+
+Target (issue 58): TorchLens's ratio to its plain forward is at most the bridge's ratio to its
+own forward. Results go to ``benchmarks/results/names.json`` and ``.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import machine, save_results, summarize, time_rounds  # noqa: E402
+
+import torchlens as tl  # noqa: E402
+
+RESID = "blocks.*.hook_resid_post"
+
+
+def build(layers: int, folder: str) -> tuple[Any, Any, torch.Tensor]:
+    """The HF GPT-2, the bridge booted from its saved copy, and the ids."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=layers, use_cache=False)).eval()
+    vocab = {f"t{i}": i for i in range(model.config.vocab_size)}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="t0", eos_token="t0",
+                                  unk_token="t0")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    bridge = TransformerBridge.boot_transformers(folder, device="cpu")
+    bridge.eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, 64),
+                        generator=torch.Generator().manual_seed(1))
+    return model, bridge, ids
+
+
+def methods(model: Any, bridge: Any, ids: torch.Tensor) -> dict[str, Any]:
+    def plain() -> Any:
+        with torch.no_grad():
+            return model(ids)
+
+    def names(save: list[str]) -> Any:
+        def run() -> Any:
+            with torch.no_grad():
+                return tl.trace(model, ids, save=save)
+        return run
+
+    def bridge_plain() -> Any:
+        with torch.no_grad():
+            return bridge(ids)
+
+    def bridge_cache() -> Any:
+        with torch.no_grad():
+            return bridge.run_with_cache(ids, names_filter=lambda n: n.endswith(
+                "hook_resid_post") and n.startswith("blocks."))
+
+    return {"hf forward": plain, "tl.trace resid_post": names([RESID]),
+            "tl.trace resid_post+patterns": names([RESID, "blocks.*.attn.hook_pattern"]),
+            "bridge forward": bridge_plain, "bridge run_with_cache resid_post": bridge_cache}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--layers", type=int, default=12)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as folder:
+        model, bridge, ids = build(args.layers, folder)
+        timed = methods(model, bridge, ids)
+        # the same values: TorchLens's names against the bridge's cache
+        _, cache = bridge.run_with_cache(ids)
+        trace = timed["tl.trace resid_post"]()
+        diff = max(float((trace[f"blocks.{i}.hook_resid_post"].out -
+                          cache[f"blocks.{i}.hook_resid_post"]).abs().max())
+                   for i in range(args.layers))
+        samples = time_rounds(timed, runs=args.runs, warmup=2)
+    stats = {k: summarize(v) for k, v in samples.items()}
+    ms = {k: s["median_ms"] for k, s in stats.items()}
+    ours = ms["tl.trace resid_post"] / ms["hf forward"]
+    patterns = ms["tl.trace resid_post+patterns"] / ms["hf forward"]
+    theirs = ms["bridge run_with_cache resid_post"] / ms["bridge forward"]
+    verdict = "PASS" if ours <= theirs else "MISS"
+    lines = [
+        f"GPT-2 {args.layers} layers, 1x64 ids, {args.runs} rounds; medians; values equal to "
+        f"the bridge's cache within {diff:.1e}",
+        f"  hf forward                         {ms['hf forward']:8.2f} ms",
+        f"  tl.trace(save='{RESID}')  {ms['tl.trace resid_post']:8.2f} ms = {ours:.3f}x "
+        "its forward",
+        f"  + every block's hook_pattern read  {ms['tl.trace resid_post+patterns']:8.2f} ms = "
+        f"{patterns:.3f}x (unread, a pattern is never computed)",
+        f"  bridge forward (eager attention)   {ms['bridge forward']:8.2f} ms",
+        f"  bridge.run_with_cache(resid_post)  {ms['bridge run_with_cache resid_post']:8.2f} ms"
+        f" = {theirs:.3f}x its forward",
+        f"  target: TorchLens's ratio <= TransformerLens's: {ours:.3f} vs {theirs:.3f} {verdict}",
+    ]
+    print("\n".join(lines), flush=True)
+    save_results("names", {"machine": machine(), "runs": args.runs, "layers": args.layers,
+                           "max_abs_diff": diff, "stats": stats,
+                           "ratios": {"torchlens": ours, "torchlens_patterns": patterns,
+                                      "transformer_lens": theirs}}, lines)
+
+
+if __name__ == "__main__":
+    main()
