@@ -225,3 +225,22 @@ def test_save_patterns_refuses_with_the_next_command(gpt2_tiny, text_trace, tmp_
         save_patterns(text_trace, tmp_path / "x.png")
     assert info.value.code == "draw_option_invalid"
     assert not list(tmp_path.iterdir())
+
+
+def test_the_search_takes_transformer_names(ids_trace, tmp_path, open_viewer):
+    path = tmp_path / "names.html"
+    ids_trace.draw(path=path, collapse="none")
+    v = open_viewer(path)
+    names = tl.transformer(ids_trace).names
+    assert "blocks.1.hook_resid_post" in names and "blocks.0.attn.hook_z" in names
+
+    def hits(query):
+        v.page.fill("#search", query)
+        v.page.press("#search", "Enter")
+        return v.page.locator("#hits").inner_text()
+
+    assert hits("blocks.1.hook_resid_post") == "1 of 1"  # a name of the model, bound or not
+    label = tl.transformer(ids_trace).structure.blocks[1].resid_post
+    assert label in v.page.locator("#details").inner_text()
+    assert hits("blocks.*.hook_resid_post") == "1 of 2"  # a glob over names
+    assert v.errors == []

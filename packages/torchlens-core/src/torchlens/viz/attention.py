@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..anatomy import anchor, transformer
 from ..errors import DrawOptionError, LookupFailed, TorchLensError
+from ..sites import name_of
 from . import output
 
 PATTERN = re.compile(r"blocks\.(\d+)\.attn\.hook_pattern")
@@ -276,3 +278,18 @@ def _colour(value: float) -> str:
     a, b, s = (RAMP[0], RAMP[1], t * 2) if t < 0.5 else (RAMP[1], RAMP[2], t * 2 - 1)
     x, y = (tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in (a, b))
     return "#" + "".join(f"{round(u + (w - u) * s):02x}" for u, w in zip(x, y))
+
+
+def page_names(trace: Any) -> dict[str, str]:
+    """Every transformer name the traced model has, mapped to the op label it stands on (the
+    viewer's search takes them): the names the capture bound, and, for a live model's trace,
+    the whole vocabulary its architecture has. Empty for a model that is no transformer."""
+    names = dict(trace.meta.get("names") or {})
+    if trace._objects.get("model") is not None:
+        try:
+            view = transformer(trace)
+            for name in view.names:
+                names.setdefault(name, anchor(view.structure, name, view.model).label)
+        except TorchLensError:
+            pass  # no block list: no names
+    return {name: name_of(label) for name, label in names.items()}

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..sites import split_pass
 from ..units import format_shape
-from .attention import page_patterns
+from .attention import page_names, page_patterns
 from .build import _Builder, shorten
 from .collapse import expanded_calls
 from .groups import is_synthetic
@@ -84,6 +84,7 @@ class _Page:
             "root": [self._item(kind, name) for kind, name in b.full.root],
             "groups": [self._group(rep) for rep in self.groups],
             "attention": page_patterns(b.trace),  # saved attention patterns (None: no panel)
+            "names": page_names(b.trace),  # transformer names -> the op each stands on
             "start": {
                 "expanded": sorted(self.call_ids[k] for k in expanded if k in self.call_ids),
                 "unfolded": [] if opts.fold else folds,

@@ -368,7 +368,18 @@
       if (C[c].atomic) { const f = firstOp(c); if (f >= 0) hits.push(f); } else hits.push(-c - 1);
     }
   }
+  // a transformer name (blocks.3.hook_resid_post, or a glob over them): the ops they stand on
+  function nameHits(q) {
+    const names = D.names || {}, re = /[*?]/.test(q) ? new RegExp("^" + q.split(/(\*)/).map((p) =>
+      p === "*" ? "[^.]*" : p.replace(/[.+^${}()|[\]\\?]/g, "\\$&")).join("") + "$") : null;
+    const labels = Object.keys(names).filter((n) => re ? re.test(n) : n === q).map((n) => names[n]);
+    const hits = [];
+    for (let i = 0; i < N; i++) if (labels.includes(O.label[i].split(":")[0])) hits.push(i);
+    return hits.length ? hits : null;
+  }
   function siteHits(q) {
+    const named = nameHits(q);
+    if (named) return named;
     const hits = [];
     if (/[*?]/.test(q)) {
       const re = new RegExp("^" + q.split(/(\*\*|\*|\?)/).map((p) => p === "**" ? ".*" : p === "*"
