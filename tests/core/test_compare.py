@@ -235,3 +235,29 @@ def test_the_numbers_are_those_of_the_values_including_views_and_nan():
     transpose = cmp._by_a["transpose_1"]
     assert transpose.outside == pytest.approx(2 / 12) and math.isnan(transpose.max_abs)
     assert cmp.first_divergence().label == "input_1"
+
+
+def test_top_prints_as_a_table_and_stays_a_list_of_the_rows():
+    model = _model()
+    cmp = tl.compare(tl.trace(model, X), tl.trace(model, X,
+                                                  edits={"tanh_1": tl.edits.scale(1.5)}))
+    top = cmp.top(3)
+    rows = sorted((r for r in cmp.rows if r.values == "compared" and r.relative > 0),
+                  key=lambda r: -r.relative)[:3]
+    assert list(top) == rows and top[0] is rows[0] and top[:2] == rows[:2] and len(top) == 3
+    text = repr(top)
+    lines = text.splitlines()
+    assert lines[0] == f"<top 3 of {cmp.compared} compared ops, by relative>"
+    assert lines[1].split() == ["label", "function", "module", "shape", "max", "abs",
+                                "relative", "cosine", "outside"]
+    assert len(lines) == 2 + 3 and lines[2].split()[0] == top[0].label
+    assert "DiffRow(" not in text and str(top) == "\n".join(lines[1:])
+    assert "\n".join("  " + line for line in lines[1:]) in str(cmp)  # print(cmp) has it too
+    assert "<table>" in top._repr_html_() and top[0].label in top._repr_html_()
+    assert str(cmp.top(3, by="cosine")).splitlines()[0] == lines[1]
+    assert str(tl.compare(tl.trace(model, X), tl.trace(model, X)).top(3)) == \
+        "no compared op differs (by relative)"
+    pandas = pytest.importorskip("pandas")
+    frame = top.to_pandas()
+    assert isinstance(frame, pandas.DataFrame) and list(frame["b"]) == [r.b for r in top]
+    assert list(frame["relative"]) == [r.relative for r in top]

@@ -3,6 +3,8 @@ the proof of firing, the refusals, and that the model, its state and the RNG are
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from torch import nn
@@ -391,6 +393,37 @@ def test_an_edited_trace_says_so_and_keeps_saying_so_after_save_and_load(tmp_pat
     assert not tl.trace(model, x).edited
     summary = tl.summary(model, x, edits={"blocks.0.mlp": tl.edits.add(steer)})
     assert "EDITED" in str(summary) and "blocks.0.mlp" in str(summary)
+
+
+def test_an_edited_op_says_so_in_its_repr_and_its_table_row(tmp_path):
+    model, x = _net()
+    trace = tl.trace(model, x, edits={"blocks.0.mlp": tl.edits.scale(2.0),
+                                      "gelu_2": tl.edits.zero(index=(slice(None), 1))})
+    module_op = trace[trace.edits[0]["label"]]  # a module site: the op that made its output
+    assert module_op.edited and module_op.edits == [trace.edits[0]]
+    assert repr(module_op).endswith(
+        f", EDITED: scale, change norm {trace.edits[0]['norm']:.4g}>")
+    assert trace["gelu_2"].edited and ", EDITED: zero" in repr(trace["gelu_2"])
+    others = [op for op in trace if op.label not in (module_op.label, "gelu_2")]
+    assert not any(op.edited or "EDITED" in repr(op) for op in others)
+    assert not any(op.edited for op in tl.trace(model, x))
+    rows = {line.split()[1]: line for line in str(trace).splitlines()[3:-3]
+            if len(line.split()) > 2}
+    assert f"{module_op.label} EDITED" in rows[module_op.label]
+    assert "gelu_2 EDITED" in rows["gelu_2"]
+    assert sum("EDITED" in line for line in rows.values()) == 2
+    assert f"<td>{module_op.label} EDITED</td>" in trace._repr_html_()
+    # a long trace whose edited op lies in the elided middle names it there
+    deep = Net(n=12).eval()
+    edited = tl.trace(deep, x, edits={"blocks.6.mlp": tl.edits.zero()})
+    label = edited.edits[0]["label"]
+    assert f"EDITED among them: {label}" in str(edited)
+    assert "EDITED among them" in edited._repr_html_()
+    trace.save(tmp_path / "t.tlt")  # a loaded trace's op says it too
+    assert "EDITED: scale" in repr(tl.load(tmp_path / "t.tlt")[module_op.label])
+    if importlib.util.find_spec("pandas") is not None:
+        frame = trace.to_pandas()
+        assert set(frame.loc[frame["edited"], "label"]) == {module_op.label, "gelu_2"}
 
 
 def test_run_keeps_the_edits_and_takes_new_ones():

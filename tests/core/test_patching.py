@@ -3,6 +3,8 @@ forward hook, batching changes nothing, and bad sweeps refuse before any forward
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -77,7 +79,7 @@ def test_the_grid_prints_and_saves_a_self_contained_heatmap(tmp_path):
     grid.save(tmp_path / "grid.html")
     page = (tmp_path / "grid.html").read_text()
     assert "<table>" in page and "blocks.1" in page and "<script" not in page and "http" not in page
-    assert f"{grid.values[0, 1].item():.2f}" in page
+    assert f"{grid.values[0, 1].item():.{grid.decimals}f}" in page
 
 
 class BatchMixer(nn.Module):
@@ -125,3 +127,108 @@ def test_a_model_whose_batch_rows_mix_refuses_batching():
     assert err.value.code == "patching_batch_unsafe"
     grid = tl.patching.sweep(model, clean, corrupt, sites="fc", metric=out_metric)
     assert grid.values.shape == (1, 5)
+
+
+# ---- the heatmap reads: legend, a diverging scale, one precision, tokens ----------------------
+def _numbers_shown(page: str) -> list[str]:
+    """Every decimal number a reader sees: text, hover titles and legend ticks."""
+    from html.parser import HTMLParser
+
+    found: list[str] = []
+
+    class Reader(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            found.extend(v for k, v in attrs if k == "title" and v)
+
+        def handle_data(self, data):
+            if self.lasttag not in ("style", "script"):
+                found.append(data)
+
+    Reader().feed(page)
+    return re.findall(r"-?\d+\.\d+", " ".join(found))
+
+
+def _rgb(style: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in re.search(r"rgb\((\d+),(\d+),(\d+)\)", style).groups())
+
+
+def test_the_heatmap_has_a_legend_a_diverging_scale_and_one_precision(tmp_path):
+    # the metrics of the issue: "0.424" beside "0.3958"; cells below 0, at 0, at 1 and past 1
+    clean, corrupt = 0.424, 0.3958
+    values = torch.tensor([[-0.5, 0.0, 0.5], [1.0, 1.5, 0.25]], dtype=torch.float64)
+    grid = tl.patching.PatchingSweep(["blocks.0", "blocks.1"], [0, 1, 2],
+                                     corrupt + values * (clean - corrupt), clean, corrupt, 1, 6,
+                                     tokens=["the", "cat", "sat"])
+    assert torch.allclose(grid.values, values)
+    grid.save(tmp_path / "grid.html")
+    page = (tmp_path / "grid.html").read_text()
+    shown = _numbers_shown(page)
+    assert "0.4240" in shown and "0.3958" in shown
+    assert len(shown) == 2 + 4 + 2 * 6  # the heading, the ticks, each cell and its title
+    assert {len(n.split(".")[1]) for n in shown} == {grid.decimals} == {4}
+    assert {len(n.split(".")[1]) for n in re.findall(r"-?\d+\.\d+", str(grid))} == {4}
+    # the legend: a diverging scale from -1.5 to 1.5 (the largest cell), 0 corrupt, 1 clean
+    legend = re.search(r"<svg class='legend'.*?</svg>", page, re.S).group(0)
+    assert "data-min='-1.5000'" in legend and "data-max='1.5000'" in legend
+    ticks = re.findall(r"<text class='tick' data-v='([^']+)' x='([\d.]+)'[^>]*>([^<]*)</text>"
+                       r"(?:<text class='name'[^>]*>([^<]*)</text>)?", legend)
+    assert [(v, text, name) for v, _, text, name in ticks] == [
+        ("-1.5000", "-1.5000", ""), ("1.5000", "1.5000", ""), ("0.0000", "0.0000", "corrupt"),
+        ("1.0000", "1.0000", "clean")]
+    low, high, zero, one = (float(x) for _, x, _, _ in ticks)
+    assert low < zero < one < high and zero - low == pytest.approx(high - zero, abs=8)
+    assert one - zero == pytest.approx((high - zero) / 1.5, abs=8)  # 1 where 1 falls
+    stops = re.findall(r"stop-color='([^']+)'", legend)
+    assert len(stops) == 9 and _rgb(stops[4]) == (247, 247, 247)  # white at 0
+    cells = {v: colour for colour, v in
+             re.findall(r"<td style='background:([^;]+);[^']*' data-v='([^']+)'", page)}
+    white, half_red, half_blue = (_rgb(cells[k]) for k in ("0.0000", "0.5000", "-0.5000"))
+    assert white == (247, 247, 247)
+    assert half_red[0] > half_red[2] and half_blue[2] > half_blue[0]  # red up, blue down
+    for half, end in ((half_red, _rgb(stops[8])), (half_blue, _rgb(stops[0]))):
+        # +0.5 and -0.5 lie a third of the way (0.5 of 1.5) from white to their ends
+        assert half == pytest.approx([w + (e - w) / 3 for w, e in zip(white, end)], abs=1)
+    assert _rgb(cells["1.5000"]) == _rgb(stops[8])  # the largest cell is the scale's end
+    # the tokens over their positions
+    heads = re.findall(r"<th class='pos' data-pos='(\d+)'>\d+<br><span class='tok'>([^<]*)</span>",
+                       page)
+    assert heads == [("0", "the"), ("1", "cat"), ("2", "sat")]
+    assert "<script" not in page and "http" not in page
+
+
+def test_without_tokens_the_axis_is_positions_and_equal_baselines_show_as_nan(tmp_path):
+    grid = tl.patching.PatchingSweep(["fc"], [0, -1], torch.tensor([[2.0, 3.0]]), 5.0, 1.0, 1, 2)
+    assert grid.position_labels() == ["", ""] and grid.decimals == 3
+    grid.save(tmp_path / "g.html")
+    page = (tmp_path / "g.html").read_text()
+    assert "class='tok'" not in page and "data-pos='-1'>-1</th>" in page
+    assert "data-max='1.000'" in page and "NaN" not in page  # the scale ends at 1 (clean)
+    tokens = tl.patching.PatchingSweep(["fc"], [0, -1], torch.tensor([[2.0, 3.0]]), 5.0, 1.0,
+                                       1, 2, tokens=["a", "b", "c"])
+    assert tokens.position_labels() == ["a", "c"]  # a negative position counts from the end
+    assert tokens._num(-1e-9) == "0.000" and tokens._num(-0.0005) == "-0.001"
+
+
+def test_the_tokens_of_a_tokenized_prompt_label_the_position_axis(tmp_path):
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+    words = ["<eos>", "the", "cat", "dog", "sat", "on", "mat"]
+    vocab = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<eos>"))
+    vocab.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=vocab, eos_token="<eos>", unk_token="<eos>")
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=len(words),
+                                    n_positions=16, bos_token_id=0, eos_token_id=0)).eval()
+    grid = tl.attribution.patching(lm, "the cat sat on the mat", "the dog sat on the mat",
+                                   lambda out: out.logits[0, -1, 2] - out.logits[0, -1, 3],
+                                   sites=["transformer.h.*"], tokenizer=tok)
+    assert grid.tokens == ["the", "cat", "sat", "on", "the", "mat"]
+    grid.save(tmp_path / "grid.html")
+    page = (tmp_path / "grid.html").read_text()
+    assert re.findall(r"<span class='tok'>([^<]*)</span>", page) == grid.tokens
+    ids = tl.attribution.patching(lm, torch.tensor([[1, 2, 4]]), torch.tensor([[1, 3, 4]]),
+                                  lambda out: out.logits[0, -1, 2] - out.logits[0, -1, 3],
+                                  sites=["transformer.h.*"])
+    assert ids.tokens is None  # ids alone: no tokenizer known, positions only

@@ -9,6 +9,7 @@ from torch import nn
 
 import torchlens as tl
 from tests.models.zoo import BuildsInForward
+from torchlens.edits import EditLog
 
 
 class Cell(nn.Module):
@@ -206,3 +207,28 @@ def test_a_module_built_by_the_first_step_is_seen_by_the_later_ones():
     assert set(later.params) == {"fc.weight", "fc.bias", "lazy.weight", "lazy.bias"}
     linear = [op for op in later if op.func == "linear" and op.module == "lazy"]
     assert linear and set(linear[0].params) == {"lazy.weight", "lazy.bias"}
+
+
+def test_run_edits_print_as_trace_edits_with_a_step_column():
+    cell, xs = _setup()
+    with tl.steps(cell, save=["tanh_1"], edits={"rec": tl.edits.zero()},
+                  at_steps=[1, 3]) as run:
+        h = torch.zeros(2, 5)
+        for x in xs:
+            h = cell(x, h)
+    log = run.edits
+    assert isinstance(log, EditLog) and [row["step"] for row in log] == [1, 3]
+    label = run[1].edits[0]["label"]
+    assert label is not None and all(row["label"] == label for row in log)  # no 'label': None
+    assert [dict(row, step=k) for k, row in ((1, run[1].edits[0]), (3, run[3].edits[0]))] == \
+        list(log)
+    text = str(log)
+    head, *rows = text.splitlines()
+    assert head.split() == ["step", "site", "label", "pass", "module", "kind", "shape", "index",
+                            "change", "norm"]
+    assert [r.split()[:3] for r in rows] == [["1", "rec", label], ["3", "rec", label]]
+    assert "{" not in text and "None" not in text
+    assert repr(log).startswith("<EditLog: 2 firing(s) of 1 edit(s) over 2 step(s)>\n")
+    # the same printer as trace.edits: a step's own log is that table without the step column
+    assert str(run[1].edits).splitlines()[1].split() == rows[0].split()[1:]
+    assert run.shared(3) == 1 and "EDITED: zero" in repr(run[3][label])  # a rebuilt step's op

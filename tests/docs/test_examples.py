@@ -29,6 +29,12 @@ def check_edits(scope, out, folder):
     for name in ("ablated", "resid", "mean_ablated", "pushed"):
         assert scope[name].edited and scope[name].edits[0]["norm"] > 0
     assert (folder / "grid.html").exists()
+    label = steered.edits[0]["label"]
+    assert f"<Op {label}: add -> 1×12×64 float32 in transformer.h.0, EDITED: add" in out
+    grid = scope["grid"]
+    assert str(grid) in out and grid.decimals == 4  # the metrics lie 0.0124 apart
+    page = (folder / "grid.html").read_text()
+    assert "<svg class='legend'" in page and "clean</text>" in page
 
 
 def check_gradients(scope, out, folder):
@@ -47,6 +53,8 @@ def check_generation(scope, out, folder):
     assert scope["states"].shape == (3, 2, 5)
     assert len(gen) == 6 and len(gen.tokens) == 6
     assert sorted({row["step"] for row in gen.edits}) == [1, 2]
+    assert str(gen.edits) in out and str(gen.edits).startswith("step  site ")
+    assert all(row["label"] for row in gen.edits)
     assert "Steps of GRUCell: 6 call(s), 3 captured, 1 distinct graph(s)" in out
     assert (folder / "gen.html").exists()
 
@@ -57,6 +65,8 @@ def check_compare(scope, out, folder):
     assert changed.first_divergence().module == "transformer.h.1.mlp.dropout"
     assert "Comparison: model_a (GPT2LMHeadModel) vs model_b (GPT2LMHeadModel)" in out
     assert "first divergence: embedding_1 in transformer.wte" in out
+    top = scope["cmp"].top(3)
+    assert str(top) in out and str(top).startswith("label  function  module")
     assert (folder / "diff.html").exists()
 
 

@@ -65,3 +65,62 @@ def test_added_ops_are_marked_and_modules_show_their_largest_difference(tmp_path
     box.dispatch_event("mouseover")
     assert "model_a\t— (absent)" in page.locator("#details").inner_text()
     assert v.errors == [] and v.blocked == []
+
+
+def _deep_pair(blocks: int = 24, at: int = 20):
+    """A long chain of blocks, edited near its end: the first divergence lies far down."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+                                  for _ in range(blocks)]).eval()
+    x = torch.randn(2, 8)
+    return tl.compare(tl.trace(model, x), tl.trace(model, x,
+                                                   edits={f"{at}.1": tl.edits.scale(2.0)}))
+
+
+def _on_screen(page, selector: str) -> bool:
+    box, view = page.locator(selector).bounding_box(), page.locator("#graph").bounding_box()
+    return (box is not None and box["x"] >= view["x"] and box["y"] >= view["y"]
+            and box["x"] + box["width"] <= view["x"] + view["width"]
+            and box["y"] + box["height"] <= view["y"] + view["height"])
+
+
+def test_the_diff_page_opens_scrolled_to_the_first_divergence(tmp_path, open_viewer):
+    cmp = _deep_pair()
+    first = cmp.first_divergence().label
+    cmp.draw(path=tmp_path / "deep.html")
+    v = open_viewer(tmp_path / "deep.html")
+    page = v.page
+    node = f'#scene g.node[data-title="{first}"]'
+    assert _on_screen(page, node)
+    assert page.locator("#scene g.node.selected").get_attribute("data-title") == first
+    assert page.locator("#details").inner_text().startswith(first)
+    # the top of the graph is what scrolled away: the page did move to get there
+    assert not _on_screen(page, '#scene g.node[data-title="input_1"]')
+    page.click("#fit")
+    assert _on_screen(page, '#scene g.node[data-title="input_1"]')
+    # hovering still shows other ops: the divergence is selected, not pinned
+    page.locator('#scene g.node[data-title="input_1"]').dispatch_event("mouseover")
+    assert page.locator("#details").inner_text().startswith("input_1")
+    assert v.errors == [] and v.blocked == []
+
+
+def test_the_depth_box_says_what_is_drawn_expanded(tmp_path, open_viewer):
+    cmp = _deep_pair(blocks=4, at=2)
+    cmp.draw(path=tmp_path / "all.html")  # collapse="none": every block open
+    v = open_viewer(tmp_path / "all.html")
+    page = v.page
+    assert page.locator("#depth").input_value() == "2"  # the blocks (depth 1) are open
+    shown = v.nodes()
+    page.click("#expand-depth")
+    assert v.nodes() == shown  # expanding to the depth it shows changes nothing
+    page.click("#collapse-all")
+    assert page.locator("#depth").input_value() == "1" and v.nodes() < shown
+    page.click("#expand-all")
+    assert page.locator("#depth").input_value() == "2" and v.nodes() == shown
+    cmp.draw(path=tmp_path / "one.html", collapse=1)  # the blocks as boxes
+    one = open_viewer(tmp_path / "one.html")
+    assert one.page.locator("#depth").input_value() == "1"
+    boxes = one.nodes()
+    one.page.click("#expand-depth")
+    assert one.nodes() == boxes
+    assert v.errors == [] and one.errors == [] and v.blocked == one.blocked == []

@@ -106,6 +106,16 @@ class Op:
                 "nothing that requires grad)", teach=["trace.grads  # the sites that have one"])
         return self._grad
 
+    @property
+    def edits(self) -> list[dict[str, Any]]:
+        """The rows of ``trace.edits`` that fired at this op (empty when no edit did)."""
+        return self._reads.edits_at(self) if self._reads is not None else []
+
+    @property
+    def edited(self) -> bool:
+        """Whether an edit changed this op's value (or gradient, for ``grad_edits=``)."""
+        return bool(self.edits)
+
     def row(self) -> dict[str, Any]:
         """This op's fields as a plain dict (no tensors)."""
         return {name: getattr(self, name) for name in OP_FIELDS}
@@ -113,7 +123,17 @@ class Op:
     def __repr__(self) -> str:
         where = f" in {self.module or '<model>'}" if self.kind == "op" else ""
         shape = format_shape(self.shape)
-        return f"<Op {self.label}: {self.func} -> {shape} {self.dtype or ''}{where}>"
+        return (f"<Op {self.label}: {self.func} -> {shape} {self.dtype or ''}{where}"
+                f"{edited_note(self.edits)}>")
+
+
+def edited_note(rows: list[dict[str, Any]]) -> str:
+    """``, EDITED: add, change norm 23.6`` for an op's fired edit rows ("" for none)."""
+    if not rows:
+        return ""
+    kinds = list(dict.fromkeys(row["kind"] for row in rows))
+    norms = [row["norm"] for row in rows if row.get("norm") is not None]
+    return f", EDITED: {', '.join(kinds)}" + (f", change norm {max(norms):.4g}" if norms else "")
 
 
 # Op fields that are plain JSON data, in the order rows() and the saved file use.
@@ -230,10 +250,9 @@ class Trace:
                  annotations=None):
         self._pending: Callable[[], tuple] | None = None
         self._count = len(ops)
-        self._reads = _Reads(provenance or {})
+        self._reads = _Reads(provenance or {}, meta)
         self._link(ops, modules, params, buffers)
         self.output_structure = output_structure
-        self.meta: dict[str, Any] = meta
         self.annotations: dict[str, Any] = annotations or {"capture_advisories": []}
         self.annotations.setdefault("capture_advisories", [])
         self.receipt = None  # set by pinned surfaces
@@ -281,6 +300,15 @@ class Trace:
                       doc="Parameters by name: shape, dtype, device, numel, nbytes, trainable, "
                           "module, users.")
     buffers = property(lambda self: self._built()._buffers, doc="Buffers by name.")
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Facts of the capture (model class, options, ``edits`` fired, plugins' JSON facts)."""
+        return self._reads.meta
+
+    @meta.setter
+    def meta(self, value: dict[str, Any]) -> None:
+        self._reads.meta = value
 
     @property
     def provenance(self) -> dict[str, Any]:
@@ -537,10 +565,23 @@ class _Reads:
     """What an op's value read needs from its trace (the provenance, a warned-once flag), held
     apart so that ops never point back at the trace: a dropped trace is freed at once."""
 
-    __slots__ = ("provenance", "warned")
+    __slots__ = ("provenance", "warned", "meta")
 
-    def __init__(self, provenance: dict[str, Any]):
-        self.provenance, self.warned = provenance, False
+    def __init__(self, provenance: dict[str, Any], meta: dict[str, Any]):
+        self.provenance, self.warned, self.meta = provenance, False, meta
+
+    def edits_at(self, op: Op) -> list[dict[str, Any]]:
+        """The fired edit rows (forward, then gradient) at ``op``: by label, or by position
+        where the capture left the label to be read from the op list."""
+        rows = []
+        for key in ("edits", "grad_edits"):
+            for row in ((self.meta or {}).get(key) or {}).get("fired", ()):
+                if not row.get("fired", True):
+                    continue
+                label = row.get("label")
+                if label == op.label or label is None and row.get("op_index") == op.index:
+                    rows.append(row if label is not None else dict(row, label=op.label))
+        return rows
 
     def on_value_read(self) -> None:
         """Called on every raw value read; the input ladder warns here for synthesized inputs.

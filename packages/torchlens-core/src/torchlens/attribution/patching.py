@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..patching.grid import PatchingSweep
+from ..patching.grid import PatchingSweep, sweep_tokens
 from ..patching.sweep import checked_positions, prepare
 
 SURFACE = "attribution.patching"
@@ -68,4 +68,5 @@ def patching(model: nn.Module, clean: Any, corrupt: Any, metric: Callable[[Any],
         per_position = delta.sum(dim=0)
         per_position = per_position.reshape(per_position.shape[0], -1).sum(dim=1)
         raw[i] = corrupt_metric + per_position[positions]
-    return AttributionPatching(rows, positions, raw, clean_metric, corrupt_metric, 1, 3)
+    return AttributionPatching(rows, positions, raw, clean_metric, corrupt_metric, 1, 3,
+                               tokens=sweep_tokens(source, rows[0]))

@@ -12,6 +12,7 @@ from ..errors import TorchLensError
 from ..units import format_shape
 from .match import match_ops
 from .metrics import REARRANGE, STAT_KEYS, value_stats, within
+from .table import TopRows
 from .union import union_trace
 
 ATOL, RTOL = 1e-5, 1.3e-6  # torch.testing's float32 tolerances
@@ -228,9 +229,11 @@ class Comparison:
             out += [self._by_b[p] for p in self.b[row.b].parents or () if p in self._by_b]
         return out
 
-    def top(self, k: int = 10, by: str = "relative") -> list[DiffRow]:
+    def top(self, k: int = 10, by: str = "relative") -> TopRows:
         """The ``k`` compared ops that differ most ``by`` "relative", "max_abs", "outside" or
-        "cosine" (lowest first), largest first; ties keep graph order."""
+        "cosine" (lowest first), largest first; ties keep graph order. A list of ``DiffRow``
+        that prints as a table (label, function, module, shape and the four numbers) and has
+        ``to_pandas()``."""
         if by not in BY:
             raise TorchLensError(f"by={by!r} is not one of {sorted(BY)}", code="option_invalid",
                                  teach=[f'cmp.top({k}, by="{name}")' for name in BY])
@@ -239,7 +242,7 @@ class Comparison:
         sign = -1 if BY[by] else 1
         rows.sort(key=lambda r: sign * (getattr(r, by) if not math.isnan(getattr(r, by))
                                         else -sign * math.inf))
-        return rows[:k]
+        return TopRows(rows[:k], by, self.compared)
 
     @property
     def params(self) -> list[dict[str, Any]]:

@@ -1,9 +1,11 @@
-"""``print(cmp)``: the counts, the first divergence and the largest differences as text."""
+"""``print(cmp)``: the counts, the first divergence and the largest differences as text; the
+``cmp.top(k)`` rows, which print as the same table."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..errors import TorchLensError
 from ..units import human
 
 TOP = 10
@@ -13,10 +15,60 @@ def _num(v: float | None, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}g}"
 
 
-def _grid(rows: list[list[str]]) -> list[str]:
+def _grid(rows: list[list[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(c.ljust(w) if i < 4 else c.rjust(w)
+    return [indent + "  ".join(c.ljust(w) if i < 4 else c.rjust(w)
                              for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+
+
+COLUMNS = ("label", "function", "module", "shape", "max abs", "relative", "cosine", "outside")
+
+
+def _cells(r: Any) -> list[str]:
+    return [r.label, r.func, r.module or "<model>", r.shape_b, _num(r.max_abs), _num(r.relative),
+            _num(r.cosine, 6), f"{100 * r.outside:.3g}%"]
+
+
+class TopRows(list):
+    """``cmp.top(k)``: the ``DiffRow`` objects, largest difference first (index, slice and
+    iterate it as a list), printed as one table; ``to_pandas()`` a frame of the same rows."""
+
+    def __init__(self, rows: list, by: str = "relative", compared: int = 0):
+        super().__init__(rows)
+        self.by, self.compared = by, compared
+
+    def lines(self, indent: str = "  ") -> list[str]:
+        """The table's lines: a header, then one line per row (``print(cmp)`` indents them)."""
+        return _grid([list(COLUMNS)] + [_cells(r) for r in self], indent)
+
+    def __str__(self) -> str:
+        if not self:
+            return f"no compared op differs (by {self.by})"
+        return "\n".join(self.lines(""))
+
+    def __repr__(self) -> str:
+        return (f"<top {len(self)} of {self.compared} compared ops, by {self.by}>\n"
+                f"{self}")
+
+    def _repr_html_(self) -> str:
+        import html
+
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in _cells(r))
+                       + "</tr>" for r in self)
+        return (f"<div><p><b>top {len(self)} of {self.compared} compared ops, by "
+                f"{html.escape(self.by)}</b></p><table><thead><tr>{head}</tr></thead>"
+                f"<tbody>{body}</tbody></table></div>")
+
+    def to_pandas(self):
+        """One pandas row per op (every field of ``DiffRow``), largest difference first."""
+        try:
+            import pandas
+        except ImportError as exc:
+            raise TorchLensError("top.to_pandas() needs pandas, which is not installed",
+                                 code="dependency_missing",
+                                 teach=["pip install pandas", "[r.row() for r in top]"]) from exc
+        return pandas.DataFrame([r.row() for r in self])
 
 
 def text(cmp: Any) -> str:
@@ -60,8 +112,5 @@ def text(cmp: Any) -> str:
     top = cmp.top(TOP)
     if top:
         lines.append("  largest differences (relative):")
-        lines += _grid([["label", "function", "module", "shape", "max abs", "relative",
-                         "cosine", "outside"]] + [
-            [r.label, r.func, r.module or "<model>", r.shape_b, _num(r.max_abs),
-             _num(r.relative), _num(r.cosine, 6), f"{100 * r.outside:.3g}%"] for r in top])
+        lines += top.lines()
     return "\n".join(lines)

@@ -21,6 +21,7 @@ import torch
 from ..capabilities import lookup
 from ..capture.engine import record_costs
 from ..capture.record import fields
+from ..edit_log import EditLog
 from ..errors import StepError
 from ..trace import Trace
 from .follow import HOLD_BYTES, costs, followable, graph_bytes
@@ -214,15 +215,21 @@ class StepRun:
         return found
 
     @property
-    def edits(self) -> list[dict[str, Any]]:
-        """Every firing of every edit, with its step."""
-        rows = []
+    def edits(self) -> EditLog:
+        """Every firing of every edit, with its step and op label (rows as ``trace.edits``'s,
+        printed as its table with a step column)."""
+        rows, specs = [], []
         for i in self.captured:
             step = self._steps[i]
             meta = step.trace.meta if step.trace is not None else step.meta
             record = (meta or {}).get("edits") or {"fired": []}
-            rows += [dict(row, step=i) for row in record["fired"]]
-        return rows
+            specs = specs or record.get("specs") or []
+            for row in record["fired"]:
+                if row["label"] is None and row.get("op_index") is not None:
+                    ops = self._steps[step.shares].trace.ops  # a shared step's graph is its own
+                    row = dict(row, label=ops[row["op_index"]].label)
+                rows.append(dict(row, step=i))
+        return EditLog(rows, specs)
 
     def draw(self, *, step: int | None = None, path: Any = None, **dials: Any):
         """``path="gen.html"``: the viewer with a step selector (each distinct graph once,

@@ -337,10 +337,17 @@
     el.scene.innerHTML = out.join("");
     legend(sc);
     mark();
+    if (document.activeElement !== el.depth) el.depth.value = shownDepth();
     el.count.textContent = nodes.length + " nodes";
     const t3 = performance.now();
     window.torchlens.last_render_ms = t3 - t0;
     window.torchlens.timings = { build: t1 - t0, layout: t2 - t1, paint: t3 - t2 };
+  }
+
+  function shownDepth() { // the depth box's number: "Expand to depth" with it opens what is open
+    let n = C.length ? 1 : 0; // now (1: the outermost modules, each one box)
+    for (const c of S.expanded) if (C[c] && !C[c].atomic) n = Math.max(n, C[c].depth + 1);
+    return n;
   }
 
   function legend(sc) {
@@ -619,7 +626,7 @@
     const app = document.getElementById("app");
     app.innerHTML = `<div class="bar"><h1>${esc(D.title)}</h1>` +
       `<input id="search" type="search" placeholder="Search label, function, module, class…"><span id="hits" class="count"></span>` +
-      `<label>depth <input id="depth" type="number" min="0" value="2"></label><button id="expand-depth">Expand to depth</button>` +
+      `<label>depth <input id="depth" type="number" min="0" value="${shownDepth()}"></label><button id="expand-depth">Expand to depth</button>` +
       `<button id="collapse-all">Collapse all</button><button id="expand-all">Expand all</button>` +
       (hasRolls ? `<label><input id="rolled" type="checkbox"${S.rolled ? " checked" : ""}> roll loops</label>` : "") +
       `<label>colour <select id="color"><option value="">kind</option><option value="time_ns">time</option>` +
@@ -753,9 +760,21 @@
     expandAll: () => document.getElementById("expand-all").click(),
     attention: (li) => showAttention(li),
   };
+  function openAtDivergence() { // a diff page opens on the op that introduced the difference
+    const i = D.diff ? D.diff.first_op : null;
+    if (i === null || i === undefined) return;
+    const u = units.get(unitOf(i));
+    if (!u) return;
+    const r = el.svg.getBoundingClientRect(), k = S.view.k;
+    const x = S.view.x + u.x * k, y = S.view.y + u.y * k;
+    if (x < 0 || y < 0 || x + u.w * k > r.width || y + u.h * k > r.height) focus(u);
+    select(u.id, false);
+  }
+
   setup();
   render();
   fit();
+  openAtDivergence();
   window.torchlens.ready_ms = performance.now();
   document.body.setAttribute("data-ready", "1");
 })();
