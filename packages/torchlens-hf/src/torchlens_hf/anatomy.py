@@ -1,8 +1,9 @@
 """A transformers model's anatomy from its config: hints for TorchLens's transformer names.
 
 The config says how many heads (and kv heads) the attention has, their width, whether the
-residual is parallel and positions rotary, and which modules embed and unembed tokens. The op
-graph decides: TorchLens refuses when a hint disagrees with it.
+residual is parallel and positions rotary, whether attention logits are soft-capped (which a
+fused attention call cannot express), and which modules embed tokens and positions and
+unembed. The op graph decides: TorchLens refuses when a hint disagrees with it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+
+POSITIONS = ("wpe", "position_embeddings", "embed_positions", "position_embedding")
 
 
 def _first(config: Any, *keys: str) -> Any:
@@ -43,7 +46,12 @@ def hints(model: nn.Module) -> dict[str, Any] | None:
         "d_head": d_head,
         "parallel_residual": _first(config, "use_parallel_residual", "parallel_attn"),
         "rotary": _first(config, "rope_theta", "rotary_emb_base", "rope_parameters") is not None,
+        "attn_logit_softcapping": _first(config, "attn_logit_softcapping"),
     }
+    positions = [name for name, m in model.named_modules()
+                 if isinstance(m, nn.Embedding) and name.rpartition(".")[2] in POSITIONS]
+    if len(positions) == 1:  # a learned position embedding (the graph alone may not tell it)
+        out["pos_embed"] = positions[0]
     get_in = getattr(model, "get_input_embeddings", None)
     get_out = getattr(model, "get_output_embeddings", None)
     try:

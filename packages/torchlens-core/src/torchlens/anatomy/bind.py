@@ -22,7 +22,18 @@ from ..capture.entry import pinned_capture
 from ..errors import InputError, SiteUnknown
 from ..plugins import hook
 from ..sites import Site, match_names, parse_site, transformer_name, transformer_names
-from .lens import Batched, Lens, Result, SdpaPattern, SdpaScores, SplitHeads, Transposed, norm_lens
+from .lens import (
+    Batched,
+    Lens,
+    Reshaped,
+    Result,
+    SdpaInput,
+    SdpaPattern,
+    SdpaScores,
+    SplitHeads,
+    Transposed,
+    norm_lens,
+)
 from .structure import Structure, read
 
 _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {signature: Trace}
@@ -118,7 +129,12 @@ def anchor(structure: Structure, name: str, model: nn.Module) -> Bound:
         if plain[hook] is None:
             raise _missing(name, block.missing.get(hook, "not found in the graph"))
         if hook.endswith("hook_normalized"):
-            return Bound(name, plain[hook], norm_lens(modules[block.norms[plain[hook]]]))
+            lens = norm_lens(modules[block.norms[plain[hook]]])
+            if plain[hook] in block.shapes:
+                return Bound(name, plain[hook], Reshaped(block.shapes[plain[hook]], lens))
+            return Bound(name, plain[hook], lens)
+        if plain[hook] in block.shapes:
+            return Bound(name, plain[hook], Reshaped(block.shapes[plain[hook]]))
         return Bound(name, plain[hook], Lens())
     att = block.attention
     if att is None:
@@ -129,6 +145,8 @@ def anchor(structure: Structure, name: str, model: nn.Module) -> Bound:
 def _attention(name: str, hook: str, att: Any, structure: Structure, model: nn.Module
                ) -> tuple[str, Lens]:
     modules = dict(model.named_modules())
+    if hook in att.refused:
+        raise _missing(name, att.refused[hook])
     if hook in ("attn.hook_q", "attn.hook_k", "attn.hook_v"):
         role = hook[-1]
         proj = getattr(att, f"{role}_proj")
@@ -138,14 +156,11 @@ def _attention(name: str, hook: str, att: Any, structure: Structure, model: nn.M
         if att.rotary and role in "qk":
             raise _missing(name, "rotary positions are applied to a fused projection before "
                            "the attention; hook_rot_q / hook_rot_k are the rotated values")
-        label = getattr(att, role)
-        if label is None:
-            raise _missing(name, "the attention's inputs are not separate tensors")
-        return label, Transposed()
+        return _operand(name, att, role)
     if hook in ("attn.hook_rot_q", "attn.hook_rot_k"):
         if not att.rotary:
             raise _missing(name, "the model applies no rotary position embedding")
-        return getattr(att, hook[-1]), Transposed()
+        return _operand(name, att, hook[-1])
     if hook == "attn.hook_z":
         return att.z, Transposed()
     if hook in ("attn.hook_attn_scores", "attn.hook_pattern"):
@@ -160,6 +175,17 @@ def _attention(name: str, hook: str, att: Any, structure: Structure, model: nn.M
         transposed = not isinstance(out, nn.Linear)
         return att.z, Result(Transposed(), out.weight, transposed)
     raise _missing(name, "not a name of the vocabulary")
+
+
+def _operand(name: str, att: Any, role: str) -> tuple[str, Lens]:
+    """q, k or v as the attention takes them, ``[batch, pos, head, d_head]``."""
+    if role in att.from_call:
+        return att.op, SdpaInput(role)
+    label = getattr(att, role)
+    if label is None:
+        raise _missing(name, "the attention's inputs are not separate tensors in "
+                       "[batch, head, pos, d_head]")
+    return label, Transposed()
 
 
 def _missing(name: str, why: str) -> InputError:

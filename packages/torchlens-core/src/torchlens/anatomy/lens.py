@@ -70,6 +70,24 @@ class SplitHeads(Lens):
         return value.unflatten(-1, (self.heads, -1))
 
 
+class Reshaped(Lens):
+    """A value the model keeps flattened (OPT's MLP runs on ``[batch * pos, width]``) read in
+    the stream's layout, ``[batch, pos, width]`` (through ``inner``, an elementwise lens such
+    as a norm's ``Affine``, first)."""
+
+    identity = False
+
+    def __init__(self, shape: list[int], inner: Lens | None = None):
+        super().__init__()
+        self.shape, self.inner = list(shape), inner or Lens()
+
+    def read(self, value, args=(), kwargs=None):
+        return self.inner.read(value).reshape(self.shape)
+
+    def write(self, value, new, args=(), kwargs=None):
+        return self.inner.write(value, new.reshape(value.shape)).clone()
+
+
 class Affine(Lens):
     """A norm's output read as its normalized value before the norm's own scale and shift
     (TransformerLens's ``hook_normalized``): ``(out - bias) / weight``; an edited value goes back
@@ -195,6 +213,27 @@ def attend(pattern: Tensor, call: dict[str, Any], like: Tensor) -> Tensor:
         v = v.repeat_interleave(pattern.shape[-3] // v.shape[-3], dim=-3)
     out = torch.matmul(pattern.to(v.dtype), v)
     return out.to(like.dtype)
+
+
+ROLES = {"q": "query", "k": "key", "v": "value"}
+
+
+class SdpaInput(Lens):
+    """q, k or v as a fused attention call took them, ``[batch, pos, head, d_head]``: for a
+    piece of a split (``qkv.chunk(3)``) that the graph does not tell apart. Read only."""
+
+    identity = False
+
+    derived = True
+
+    editable = False
+
+    def __init__(self, role: str):
+        super().__init__(head_axis=2)
+        self.role = role
+
+    def read(self, value, args=(), kwargs=None):
+        return sdpa_args(args, kwargs or {})[ROLES[self.role]].transpose(1, 2)
 
 
 class SdpaScores(Lens):

@@ -1,11 +1,16 @@
 """A transformer's anatomy, read from one capture's op graph and module tree.
 
 The block list is the longest list of repeated modules; inside each block call the residual
-stream is followed op by op (an ``add`` with the stream as one parent is a residual add; a
-norm that alone reads one carries the stream on, as post-LN models do), the attention op is the
-``scaled_dot_product_attention`` call (or an eager softmax followed by a matmul), the norms are
-the norm modules in call order. Plugin hints (``torchlens_transformer_hints``) may name head
-counts and parallel residuals; the graph decides, and a disagreement refuses.
+stream is followed op by op, through its reshapes (an ``add`` with the stream as one parent is a
+residual add; a norm that alone reads one carries the stream on, as post-LN models do; a second
+add whose branch never read the first is a parallel block's, Cohere's ``x + attn + mlp``). The
+attention op is the ``scaled_dot_product_attention`` call (or an eager softmax followed by a
+matmul, heads folded into the batch or not); ln1 and ln2 are the norms that read the stream
+(not those of q and k, or of a branch's output); the MLP is the projections after the
+attention with an activation between them, in one module or not (a mixture of experts
+refuses). A value that is one piece of a split op is never an anchor: the graph does not say
+which piece. Plugin hints (``torchlens_transformer_hints``) may name head counts and parallel
+residuals; the graph decides, and a disagreement refuses.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ LAYOUT = {"view", "reshape", "transpose", "permute", "contiguous", "split", "chu
 SAME = {"to", "contiguous", "detach", "type_as", "view_as", "float"}  # may return their input
 ACTIVATIONS = {"gelu", "silu", "relu", "tanh", "sigmoid", "gelu_new", "mish", "softplus",
                "quick_gelu", "elu", "leaky_relu", "hardswish", "selu"}
+RESHAPES = {"view", "reshape", "flatten", "unflatten", "contiguous"}  # same values, other shape
+REPEATS = {"repeat_interleave", "repeat", "expand"}  # a kv head served to a group of q heads
+MATMULS = {"matmul", "bmm", "baddbmm", "einsum", "__matmul__"}
+ROTATES = {"neg", "__neg__", "negative", "view_as_complex", "polar"}  # rotate_half, complex RoPE
 
 
 @dataclass
@@ -45,6 +54,8 @@ class Attention:
     v_proj: str | None = None
     out_proj: str | None = None  # the module reading z, merged, back to the stream
     rotary: bool = False  # q and k were rotated between their projection and the attention
+    from_call: set[str] = field(default_factory=set)  # roles read from the sdpa call's arguments
+    refused: dict[str, str] = field(default_factory=dict)  # hook -> why it is not here
     n_heads: int = 0
     n_kv_heads: int = 0
     d_head: int = 0
@@ -68,6 +79,7 @@ class Block:
     mlp_pre: str | None = None
     mlp_post: str | None = None
     norms: dict[str, str] = field(default_factory=dict)  # a norm's output op -> its module
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # flattened ops -> stream layout
     missing: dict[str, str] = field(default_factory=dict)  # hook -> why it is not here
 
 
@@ -169,64 +181,165 @@ def _block(layer: int, address: str, call: Any, graph: _Graph, types: dict[str, 
         raise InputError(f"block {address}: no input of the output's shape {out_shape}",
                          code="site_not_in_architecture", teach=[f"trace[{address!r}]"])
     block = Block(layer, address, resid_pre=stream_in, resid_post=out_label)
-    # follow the stream: residual adds (an add of the stream's shape reading the stream, or
+    width, rows = out_shape[-1], _numel(out_shape)
+
+    def streamlike(op: Any) -> bool:  # the stream's values, maybe flattened (OPT's MLP)
+        return bool(op.shape) and op.shape[-1] == width and _numel(op.shape) == rows
+
+    # follow the stream: residual adds (an add of the stream's size reading the stream, or
     # the output of a norm that read it, as post-LN models add), aliases of the stream
-    stream, normed, adds, norms = {stream_in}, set(), [], []
+    stream, normed, adds = {stream_in}, set(), []
+    stages = [stream]  # the stream's aliases between residual adds (the same sets, grown)
     for op in ops:
-        if op.func in SAME and len(op.parents) == 1 and op.parents[0] in stream:
+        if len(op.parents) == 1 and op.parents[0] in stream and (
+                op.func in SAME or op.func in RESHAPES and streamlike(op)):
             stream.add(op.label)  # ``x.to(float32)`` of a float32 x is x itself
-        elif op.func in ADDS and len(op.parents) == 2 and op.shape == out_shape and not (
+        elif op.func in ADDS and len(op.parents) == 2 and streamlike(op) and not (
                 stream | normed).isdisjoint(op.parents):
-            adds.append((op, stream | normed))
+            adds.append((op, stream | normed, stream.isdisjoint(op.parents)))
             stream, normed = {op.label}, set()
+            stages.append(stream)
         elif _is_norm(types.get(op.module, "")) and not stream.isdisjoint(op.parents):
             normed.add(_module_output(op.module, ops) or op.label)
+    norms = []
     for op in ops:
         if _is_norm(types.get(op.module, "")) and op.module != address and \
                 op.module in _outputs_of(op):
             norms.append(op.label)
             block.norms[op.label] = op.module
-    if len(adds) == 2:
+    # ``residual + attn + mlp`` (Cohere) adds twice, but the MLP never read the first sum
+    parallel = len(adds) == 1 or len(adds) == 2 and not _reads(
+        _other(*adds[1][:2]), stages[1], inside, graph)
+    if len(adds) == 2 and not parallel:
         block.resid_mid, block.resid_post = adds[0][0].label, adds[1][0].label
-        block.attn_out, block.mlp_out = _other(*adds[0]), _other(*adds[1])
-    elif len(adds) == 1:
-        block.resid_post = adds[0][0].label
+        block.attn_out, block.mlp_out = _other(*adds[0][:2]), _other(*adds[1][:2])
+    elif parallel:
+        block.resid_post = adds[-1][0].label
         block.missing["hook_resid_mid"] = (
-            "attention and MLP read the same stream in parallel (one residual add per block), "
-            "so there is no stream between them")
+            "attention and MLP read the same stream in parallel, so there is no stream between "
+            "them")
     else:
         block.missing["hook_resid_mid"] = block.missing["hook_resid_post"] = (
             f"found {len(adds)} residual adds in {address}, not 1 or 2")
+    if adds and adds[-1][0].shape != out_shape:  # flattened: the block returns it reshaped
+        if graph.source(out_label) == adds[-1][0].label:
+            block.resid_post = out_label
     for said in hints.get("parallel_residual", ()):
-        if bool(said) == (len(adds) == 1):
+        if bool(said) == parallel:
             continue
         raise InputError(
-            f"a plugin's hint says parallel_residual={said}, but the "
-            f"graph of {address} has {len(adds)} residual adds", code="transformer_hint_disagrees",
+            f"a plugin's hint says parallel_residual={said}, but in the graph of {address} the "
+            f"MLP {'does not read' if parallel else 'reads'} the stream after the attention's "
+            "add", code="transformer_hint_disagrees",
             teach=["tl.trace(model, x, save=None)[" + repr(address) + "]  # read the block"])
-    if len(norms) in (2, 4):
-        block.ln1, block.ln2 = norms[0], norms[len(norms) // 2]
-    else:
-        block.missing["ln1.hook_normalized"] = block.missing["ln2.hook_normalized"] = (
-            f"{address} calls {len(norms)} norm modules, not 2 or 4")
+    _norms(block, norms, stages, adds, ops, parallel)
     block.attention = _attention(ops, address, graph, types, model, hints)
     if block.attention is None:
         block.missing["attn"] = f"no attention op (scaled_dot_product_attention or softmax) " \
                                 f"in {address}"
     else:
         attn_module = _child_of(address, graph.ops[block.attention.op].module)
+        if parallel and len(adds) == 2:  # the two branches: the one the attention made first
+            branches = [_other(*add[:2]) for add in adds]
+            made = [_reads(b, {block.attention.z}, inside, graph) for b in branches]
+            if made.count(True) == 1:
+                block.attn_out = branches[made.index(True)]
+                block.mlp_out = branches[made.index(False)]
         if block.attn_out is None and attn_module:
             block.attn_out = _module_output(attn_module, ops)
-        mlp = _mlp(ops, address, attn_module, types, graph, model)
-        if mlp is not None:
+        mlp = _mlp(ops, address, block.attention, attn_module, types, graph, model)
+        if isinstance(mlp, str):
+            for hook in ("mlp.hook_pre", "mlp.hook_post"):
+                block.missing[hook] = mlp
+        elif mlp is not None:
             block.mlp_pre, block.mlp_post, mlp_address = mlp
-            if block.mlp_out is None:
+            if block.mlp_out is None and mlp_address:
                 block.mlp_out = _module_output(mlp_address, ops)
     for hook, label in (("hook_attn_out", block.attn_out), ("hook_mlp_out", block.mlp_out),
                         ("mlp.hook_pre", block.mlp_pre), ("mlp.hook_post", block.mlp_post)):
         if label is None:
             block.missing.setdefault(hook, f"not found in the graph of {address}")
+        elif _outputs(graph.ops[label]) > 1:
+            setattr(block, {"hook_attn_out": "attn_out", "hook_mlp_out": "mlp_out",
+                            "mlp.hook_pre": "mlp_pre", "mlp.hook_post": "mlp_post"}[hook], None)
+            block.missing[hook] = (
+                f"it is one of the {_outputs(graph.ops[label])} outputs of a "
+                f"{graph.ops[label].func} (a fused projection split in pieces), and the graph "
+                "does not say which")
+    for label in (block.resid_mid, block.resid_post, block.attn_out, block.mlp_out,
+                  block.mlp_pre, block.mlp_post, block.ln1, block.ln2):
+        shape = graph.ops[label].shape if label else None
+        if shape and len(shape) != len(out_shape) and _numel(shape[:-1]) == _numel(out_shape[:-1]):
+            block.shapes[label] = [*out_shape[:-1], shape[-1]]
     return block
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+def _outputs(op: Any) -> int:
+    """How many tensors an op returned (``chunk``, ``split``: several)."""
+    return max(1, len(op.out_shapes or ()))
+
+
+def _norm_inputs(label: str, module: str, ops: list) -> set[str]:
+    """The ops a norm module's call read from outside it."""
+    own = [op for op in ops if _inside(op.module, module)]
+    labels = {op.label for op in own}
+    return {p for op in own for p in op.parents if p not in labels}
+
+
+def _reads(label: str, targets: set[str], inside: set[str], graph: _Graph) -> bool:
+    """Whether ``label`` derives from one of ``targets`` through ops inside the block."""
+    todo, seen = [label], set()
+    while todo:
+        current = todo.pop()
+        if current in targets:
+            return True
+        if current in seen or current not in inside:
+            continue
+        seen.add(current)
+        todo.extend(graph.ops[current].parents)
+    return False
+
+
+def _norms(block: Block, norms: list[str], stages: list[set[str]], adds: list, ops: list,
+           parallel: bool) -> None:
+    """ln1 and ln2 (TransformerLens's): the norms that read the residual stream. Pre-LN: the
+    ones reading the block's input and the stream after the first add (a parallel block's MLP
+    norm reads the input too; one norm for both is ln1 alone, as in TransformerLens); post-LN
+    (a residual add reads a norm's output): the ones reading the two adds. Norms of q and k,
+    or of a branch's output (Gemma 2's sandwich, OLMo 2), read no stream and are neither."""
+    reads = {label: _norm_inputs(label, block.norms[label], ops) for label in norms}
+
+    def reader(stage: set[str], but: str | None = None) -> str | None:
+        return next((n for n in norms if not reads[n].isdisjoint(stage)
+                     and block.norms[n] != (block.norms[but] if but else None)), None)
+
+    post_ln = not parallel and len(adds) == 2 and adds[1][2]  # the 2nd add reads a norm
+    if post_ln:
+        block.ln1, block.ln2 = reader(stages[1]), reader(stages[2])
+    elif len(adds) == 2 and not parallel:
+        block.ln1, block.ln2 = reader(stages[0]), reader(stages[1])
+    else:
+        block.ln1 = reader(stages[0])  # a parallel block: both branches read the input
+        if block.ln1 is not None:
+            block.ln2 = reader(stages[0], but=block.ln1)
+            if block.ln2 is None:
+                block.missing["ln2.hook_normalized"] = (
+                    f"one norm ({block.norms[block.ln1]}) serves both the attention and the "
+                    "MLP of the parallel block: it is ln1")
+    seen = sorted({block.norms[n] for n in norms})
+    for hook, label in (("ln1.hook_normalized", block.ln1), ("ln2.hook_normalized", block.ln2)):
+        if label is None:
+            block.missing.setdefault(hook, (
+                f"no norm of {block.address} reads the residual stream "
+                f"{'after its adds' if post_ln else 'before the branch'} (its norms: "
+                f"{', '.join(seen) or 'none'}; a norm of a branch's output is not ln1/ln2)"))
 
 
 def _other(add: Any, stream: set[str]) -> str:
@@ -277,28 +390,16 @@ def _attention(ops: list, block: str, graph: _Graph, types: dict[str, str], mode
                hints: dict[str, Any]) -> Attention | None:
     sdpa = next((op for op in ops if op.func == "scaled_dot_product_attention"), None)
     if sdpa is not None:
-        if len(sdpa.parents) < 3:
-            return None
-        q, k, v = sdpa.parents[:3]
-        att = Attention("sdpa", sdpa.label, q, k, v, sdpa.label)
+        if _operands(sdpa, graph):
+            q, k, v = sdpa.parents[:3]
+            att = Attention("sdpa", sdpa.label, q, k, v, sdpa.label)
+        else:  # k and v pieces of one split op (GPT-BigCode) make one parent: which parent is
+            att = Attention("sdpa", sdpa.label, None, None, None, sdpa.label,  # which, the
+                            from_call={"q", "k", "v"})  # call's arguments say
     else:
-        soft = next((op for op in ops if op.func in ("softmax", "_softmax")), None)
-        if soft is None:
+        att = _eager(ops, graph)
+        if att is None:
             return None
-        after = soft
-        while len(after.children) == 1 and graph.ops[after.children[0]].func in LAYOUT:
-            after = graph.ops[after.children[0]]
-        z = next((graph.ops[c] for c in after.children if graph.ops[c].func in
-                  ("matmul", "bmm", "einsum", "__matmul__")), None)
-        scores = soft.parents[0] if soft.parents else None
-        if z is None or scores is None:
-            return None
-        v = next((p for p in z.parents if p != after.label), None)
-        qk = graph.ops[scores]
-        while qk.func not in ("matmul", "bmm", "einsum", "__matmul__") and qk.parents:
-            qk = graph.ops[qk.parents[0]]
-        q, k = (qk.parents + [None, None])[:2] if qk.func in ("matmul", "bmm") else (None, None)
-        att = Attention("eager", soft.label, q, k, v, z.label, scores=scores)
     attn_module = _child_of(block, graph.ops[att.op].module) or block
     z_shape = graph.ops[att.z].shape
     att.n_heads, att.d_head = z_shape[1], z_shape[-1]
@@ -312,24 +413,39 @@ def _attention(ops: list, block: str, graph: _Graph, types: dict[str, str], mode
     for role, keys in (("q", ("q_proj", "query", "q", "q_lin")), ("k", ("k_proj", "key", "k",
                        "k_lin")), ("v", ("v_proj", "value", "v", "v_lin"))):
         setattr(att, f"{role}_proj", next((names[key] for key in keys if key in names), None))
+    for role in ("q", "k", "v"):  # one piece of a split (``qkv.chunk(3)``): which, the graph
+        label = getattr(att, role)  # does not say; the sdpa call's arguments do
+        if label is not None and _outputs(graph.ops[label]) > 1:
+            setattr(att, role, None)
+            if att.kind == "sdpa":
+                att.from_call.add(role)
+    for role in ("k", "v"):  # under GQA, before the kv heads were repeated for the attention
+        label = getattr(att, role)
+        if label is not None:
+            setattr(att, role, _unrepeat(label, att.n_heads, att.d_head, graph))
+    known = True  # whether the graph tells the kv heads
     if att.k_proj is not None:
         att.n_kv_heads = graph.ops[att.k_proj].shape[-1] // att.d_head
     elif att.k is not None:
         att.n_kv_heads = graph.ops[att.k].shape[1]
     else:
-        att.n_kv_heads = att.n_heads
-    for role in ("k", "v"):  # under GQA, before the kv heads were repeated for the attention
-        label = getattr(att, role)
-        if label is not None and graph.ops[label].shape[1] != att.n_kv_heads:
-            source = graph.source(label)
-            if graph.ops[source].shape[1] == att.n_kv_heads:
-                setattr(att, role, source)
-    if att.q is not None:  # rotated: an arithmetic op between the projection and the attention
-        start = graph.source(att.q)
-        att.rotary = graph.ops[start].func not in ("linear", "addmm", "matmul", "bmm") and \
-            _outputs_of(graph.ops[start]).isdisjoint(a for a, _ in before)
+        att.n_kv_heads, known = att.n_heads, "k" not in att.from_call
+    stop, inside = {o for _, o in before}, {op.label for op in ops}
+    if att.q is not None:  # rotated: rotate_half's negation between the projections and q
+        att.rotary = _rotated(att.q, stop, inside, graph)
+    elif "q" in att.from_call:
+        att.rotary = any(_rotated(p, stop, inside, graph) for p in graph.ops[att.op].parents)
+    caps = [c for c in hints.get("attn_logit_softcapping", ()) if c]
+    if caps and att.kind == "sdpa":
+        why = (f"the config caps attention logits (softcapping {caps[0]}: tanh before the "
+               "softmax), which a scaled_dot_product_attention call cannot express; this run's "
+               "attention left it out, so no pattern recomputed from the call is the "
+               "architecture's (run the model with attn_implementation='eager' for them)")
+        att.refused["attn.hook_attn_scores"] = att.refused["attn.hook_pattern"] = why
     for key, want in (("n_heads", att.n_heads), ("n_kv_heads", att.n_kv_heads),
                       ("d_head", att.d_head)):
+        if key == "n_kv_heads" and not known:
+            continue
         for said in hints.get(key, ()):
             if int(said) == want:
                 continue
@@ -340,38 +456,178 @@ def _attention(ops: list, block: str, graph: _Graph, types: dict[str, str], mode
     return att
 
 
-def _mlp(ops: list, block: str, attn_module: str | None, types: dict[str, str], graph: _Graph,
-         model: nn.Module) -> tuple[str, str, str] | None:
-    """(hook_pre op, hook_post op, the MLP's address): the activation's input, and the input of
-    the MLP's last projection."""
-    children = []
-    for op in ops:
-        child = _child_of(block, op.module)
-        if child and child != attn_module and not _is_norm(types.get(child, "")) and \
-                child not in children:
-            children.append(child)
-    for child in children:
-        inner = [op for op in ops if _inside(op.module, child)]
-        linears = _linears(inner, child, graph, model)
-        if len(linears) < 2:
+def _operands(sdpa: Any, graph: _Graph) -> bool:
+    """Whether a fused call's first three parents are its q, k and v: distinct tensors (a
+    parent read twice is listed once) of the shapes and dtype attention takes."""
+    if len(sdpa.parents) < 3:
+        return False
+    q, k, v = (graph.ops[p] for p in sdpa.parents[:3])
+    return all(len(t.shape) == len(sdpa.shape) and t.dtype == q.dtype for t in (k, v)) and \
+        q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2] and \
+        v.shape[-1] == sdpa.shape[-1]
+
+
+def _eager(ops: list, graph: _Graph) -> Attention | None:
+    """An eager attention: a softmax whose output (through layout ops) a matmul takes with v;
+    its scores are the softmax's input, q and k the operands of the matmul making them. Heads
+    folded into the batch (BLOOM's ``bmm`` on ``[batch * head, pos, d_head]``) are read from
+    the ``[batch, head, pos, d_head]`` views around them."""
+    soft = next((op for op in ops if op.func in ("softmax", "_softmax")), None)
+    if soft is None or not soft.parents:
+        return None
+    after = soft
+    while len(after.children) == 1 and graph.ops[after.children[0]].func in LAYOUT:
+        after = graph.ops[after.children[0]]
+    z = next((graph.ops[c] for c in after.children if graph.ops[c].func in MATMULS), None)
+    if z is None:
+        return None
+    v = next((p for p in z.parents if p != after.label), None)
+    z4 = _heads_after(z, graph)
+    # scores and pattern as [batch, head, q, k] (XGLM softmaxes [batch * head, q, k])
+    pattern = _heads_after(soft, graph)
+    scores = _heads_before(soft.parents[0], soft.shape[-1], graph, fold=soft.shape)
+    if z4 is None or pattern is None or scores is None:
+        return None
+    d_head, seq_k = graph.ops[z4].shape[-1], graph.ops[scores].shape[-1]
+    qk = _latest_matmul(scores, graph, {op.label for op in ops})
+    q = k = None
+    if qk is not None:
+        q_label, kt_label = qk.parents[-2:] if qk.func == "baddbmm" else (qk.parents + [None])[:2]
+        kt = graph.ops[kt_label] if kt_label else None
+        q = _heads_before(q_label, d_head, graph) if q_label else None
+        # k enters transposed (``q @ k.transpose(-1, -2)``): k is the transpose's input
+        if kt is not None and kt.func in ("transpose", "mT") and len(kt.parents) == 1:
+            k = _heads_before(kt.parents[0], d_head, graph)
+    v = _heads_before(v, d_head, graph) if v else None
+    att = Attention("eager", pattern, q, k, v, z4, scores=scores)
+    if k is not None and graph.ops[k].shape[2] != seq_k:
+        att.k = None
+    return att
+
+
+def _latest_matmul(label: str, graph: _Graph, inside: set[str]) -> Any:
+    """The last matmul among an op's ancestors inside the block (what made the scores)."""
+    todo, seen, found = [label], set(), None
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in inside:
             continue
-        last_address, last_out = linears[-1]
-        last_ops = [op for op in inner if _inside(op.module, last_address)]
-        post = next((p for p in last_ops[0].parents if p not in {o.label for o in last_ops}),
-                    None)
-        act = next((op for op in inner if op.func in ACTIVATIONS or _is_act(op, types)), None)
-        if post is None or act is None:
+        seen.add(current)
+        op = graph.ops[current]
+        if op.func in MATMULS and current != label:
+            if found is None or graph.order[current] > graph.order[found.label]:
+                found = op
             continue
-        act_in = next((p for p in act.parents), None)
-        if act_in is None:
-            continue
-        # a composite activation (GPT-2's tanh GELU) starts at the activation module's input
-        act_module = act.module if _is_act(act, types) else None
-        if act_module:
-            first = next(op for op in inner if op.module == act_module)
-            act_in = first.parents[0]
-        return act_in, post, child
+        todo.extend(op.parents)
+    return found
+
+
+def _heads_after(z: Any, graph: _Graph) -> str | None:
+    """z (or a pattern) as ``[batch, head, pos, d]``: the op itself, or the view of a
+    ``[batch * head, pos, d]`` result that unfolds the heads."""
+    if len(z.shape) == 4:
+        return z.label
+    if len(z.shape) != 3:
+        return None
+    op = z
+    while len(op.children) == 1 and graph.ops[op.children[0]].func in LAYOUT:
+        op = graph.ops[op.children[0]]
+        shape = op.shape
+        if len(shape) == 4 and shape[0] * shape[1] == z.shape[0] and shape[2:] == z.shape[1:]:
+            return op.label
     return None
+
+
+def _heads_before(label: str, d_head: int, graph: _Graph, fold: list[int] | None = None
+                  ) -> str | None:
+    """An attention operand as ``[batch, head, pos, d_head]``: the op itself, or the one a
+    ``[batch * head, pos, d_head]`` operand (of shape ``fold``, when given) was folded from."""
+    op = graph.ops[label]
+    if len(op.shape) == 4 and op.shape[-1] == d_head:
+        return label
+    while op.func in LAYOUT and len(op.parents) == 1 and _outputs(op) == 1:
+        op = graph.ops[op.parents[0]]
+        shape = op.shape
+        if len(shape) == 4 and shape[-1] == d_head and _outputs(op) == 1 and (
+                fold is None or shape[0] * shape[1] == fold[0] and shape[2:] == fold[1:]):
+            return op.label
+    return None
+
+
+def _unrepeat(label: str, heads: int, d_head: int, graph: _Graph) -> str:
+    """k or v before their kv heads were repeated for each q head (GQA, MQA): walking back
+    through layout ops and at least one repeat (``expand``, ``repeat_interleave``), the first
+    ``[batch, kv_head, pos, d_head]`` op with fewer heads; the op itself otherwise."""
+    op = graph.ops[label]
+    if len(op.shape) != 4:
+        return label
+    seq, repeated = op.shape[2], False
+    while (op.func in LAYOUT or op.func in REPEATS) and _outputs(op) == 1:
+        repeated = repeated or op.func in REPEATS
+        made = [p for p in op.parents if graph.ops[p].shape and graph.ops[p].shape != [0]]
+        if len(made) != 1:
+            break
+        op = graph.ops[made[0]]
+        shape = op.shape
+        if repeated and len(shape) == 4 and shape[-1] == d_head and shape[2] == seq and \
+                shape[1] < heads and heads % shape[1] == 0 and _outputs(op) == 1:
+            return op.label
+    return label
+
+
+def _rotated(label: str, stop: set[str], inside: set[str], graph: _Graph) -> bool:
+    """Whether a rotation (rotate_half's negation, a complex product) lies between the
+    projections (``stop``) and ``label``, inside the block."""
+    todo, seen = [label], set()
+    while todo:
+        current = todo.pop()
+        if current in seen or current in stop or current not in inside:
+            continue
+        seen.add(current)
+        op = graph.ops[current]
+        if op.func in ROTATES:
+            return True
+        todo.extend(op.parents)
+    return False
+
+
+def _mlp(ops: list, block: str, att: Attention, attn_module: str | None, types: dict[str, str],
+         graph: _Graph, model: nn.Module) -> tuple[str, str, str | None] | str | None:
+    """(hook_pre op, hook_post op, the MLP's address or None): the activation's input, and the
+    input of the MLP's last projection, among the projections after the attention (in one
+    module, split over several (BERT's intermediate and output), or inline in the block (OPT));
+    a reason when the block's MLP has no one pair of them (a mixture of experts)."""
+    z_at = graph.order[att.z]
+    skip = [a for a in (attn_module, att.out_proj) if a]
+    region = [op for op in ops if graph.order[op.label] > z_at
+              and not any(_inside(op.module, a) for a in skip)
+              and not _is_norm(types.get(op.module, ""))]
+    experts = sorted({op.module for op in region
+                      if re.search(r"expert|moe", f"{op.module} {types.get(op.module, '')}",
+                                   re.I)})
+    if experts:
+        return (f"the MLP is a mixture of experts ({experts[0]}): each token passes through "
+                "the experts its router picks, so there is no one hidden layer of the MLP")
+    linears = _linears(region, block, graph, model)
+    if len(linears) < 2:
+        return None
+    last_address, _ = linears[-1]
+    last_ops = [op for op in region if _inside(op.module, last_address)]
+    own = {o.label for o in last_ops}
+    post = next((p for op in last_ops for p in op.parents if p not in own), None)
+    first_at = graph.order[linears[0][1]]
+    act = next((op for op in region if graph.order[op.label] > first_at
+                and graph.order[op.label] < graph.order[last_ops[0].label]
+                and (op.func in ACTIVATIONS or _is_act(op, types))), None)
+    if post is None or act is None or not act.parents:
+        return None
+    act_in = act.parents[0]
+    # a composite activation (GPT-2's tanh GELU) starts at the activation module's input
+    if _is_act(act, types):
+        first = next(op for op in region if op.module == act.module)
+        act_in = first.parents[0]
+    children = {_child_of(block, a) for a, _ in linears}
+    return act_in, post, children.pop() if len(children) == 1 else None
 
 
 def _is_act(op: Any, types: dict[str, str]) -> bool:
@@ -391,15 +647,18 @@ def _ends(structure: Structure, graph: _Graph, types: dict[str, str], trace: Any
     if token is None:
         structure.missing["hook_embed"] = "no embedding of the input ids before the first block"
     else:
-        structure.embed = token.label
+        # the embedding module's output: Gemma's scales its lookup by sqrt(d_model)
+        structure.embed = next((op.label for op in before if token.module in _outputs_of(op)),
+                               token.label)
     positions = [op for op in embeds if op not in from_input]
-    if _hint(hints, "pos_embed"):
-        positions = [op for op in positions if op.module == _hint(hints, "pos_embed")]
+    if _hint(hints, "pos_embed"):  # named: RoBERTa derives its positions from the ids
+        positions = [op for op in embeds if op.module == _hint(hints, "pos_embed")]
     if len(positions) == 1:
         structure.pos_embed = positions[0].label
     else:
         structure.missing["hook_pos_embed"] = (
-            "the model has no learned position embedding (rotary or no positions)"
+            "the model has no learned position embedding (its positions are rotary, a bias "
+            "on the scores, sinusoidal or none)"
             if not positions else f"{len(positions)} position embeddings")
     last = structure.blocks[-1]
     end = graph.ops[_block_output(last, trace)]
