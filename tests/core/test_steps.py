@@ -108,7 +108,8 @@ def test_a_step_never_reached_refuses_when_the_block_ends():
             for x in xs[:3]:
                 h = cell(x, h)
     assert err.value.code == "steps_not_reached" and "made 3 call(s)" in err.value.message
-    assert err.value.partial_run.captured == [1] and err.value.teach == ["at_steps=[1]"]
+    assert err.value.partial_run.captured == [1] and err.value.teach == [
+        "with tl.steps(model, save=['rec'], at_steps=[1]) as run: ..."]
 
 
 def test_edits_apply_on_the_chosen_steps_only():

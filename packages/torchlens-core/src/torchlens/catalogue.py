@@ -21,12 +21,47 @@ def installed_packages() -> tuple[str, ...]:
 
 
 def _text(node: ast.AST) -> str | None:
-    """A teach as written: a string, or an f-string with ``…`` for each value it formats."""
+    """A teach as written: a string, or an f-string with ``…`` for each value it formats; a
+    call's teach made by ``errors.surface_call`` (the user's call, ``…`` the surface and values
+    known only then) or by a step run's ``call.text``; two of them joined by ``+``."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
         return "".join(v.value if isinstance(v, ast.Constant) else "…" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _text(node.left), _text(node.right)
+        return left + right if left is not None and right is not None else None
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "surface_call" and \
+            node.args:
+        from .errors import surface_call
+
+        surface = _text(node.args[0]) or "…"
+        options = _text(node.args[1]) or "…" if len(node.args) > 1 else ""
+        return surface_call(surface, options)
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "text" and \
+            isinstance(node.func.value, (ast.Name, ast.Attribute)) and \
+            "call" in ast.unparse(node.func.value):  # a step run's StepsCall.text
+        options = ", ".join(f"{k.arg}=…" for k in node.keywords if k.arg)
+        comment = _text(node.args[0]) if node.args else None
+        return f"tl.…(…{', ' + options if options else ''})" + (
+            f"  # {comment}" if comment else "")
     return None
+
+
+def _items(node: ast.AST) -> list[ast.AST]:
+    """The teaches a ``teach=`` expression lists: a list or tuple's items, each side of a
+    ``+``, a comprehension's item, a starred list's items."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [i for elt in node.elts for i in _items(elt)] \
+            if any(isinstance(e, ast.Starred) for e in node.elts) else list(node.elts)
+    if isinstance(node, ast.Starred):
+        return _items(node.value)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and \
+            _text(node) is None:
+        return _items(node.left) + _items(node.right)
+    if isinstance(node, ast.ListComp):
+        return [node.elt]
+    return [node]
 
 
 def _texts(node: ast.AST) -> list[str]:
@@ -61,8 +96,7 @@ def _sites(tree: ast.AST) -> list[tuple[str, list[str]]]:
         if teach is None:  # a helper's teach passed by position: its list of strings
             teach = next((a for a in node.args if isinstance(a, (ast.List, ast.Tuple)) and
                           a.elts and all(_text(e) for e in a.elts)), None)
-        items = teach.elts if isinstance(teach, (ast.List, ast.Tuple)) else \
-            [teach] if teach is not None else []
+        items = _items(teach) if teach is not None else []
         found += [(code, [t for item in items for t in _texts(item)]) for code in codes]
     return found
 

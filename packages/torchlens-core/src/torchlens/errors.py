@@ -31,6 +31,8 @@ CODES: dict[str, str] = {
     "save_selection_invalid": "save= named labels or modules that do not exist",
     "model_invalid": "the model argument is not a torch.nn.Module",
     "model_unavailable": "trace.run on a trace that holds no model (e.g. a loaded one)",
+    "inference_parameters": "the model's parameters were made inside torch.inference_mode, so "
+                            "writes to them cannot be followed",
     "scripted_model": "the model is a TorchScript module, whose ops run where no mode sees them",
     "scripted_submodule": "warning: a TorchScript submodule's ops are not in the trace",
     "no_differentiable_output": "validate_backward_pass on a model whose output needs no grad",
@@ -81,7 +83,13 @@ CODES: dict[str, str] = {
     # edits and patching (tl.edits, edits=, tl.patching)
     "edit_invalid": "an edit, its site key, index= or item= is malformed, or a callable edit "
                     "returned no tensor",
+    "edit_index_out_of_range": "an edit's index= or head= addresses an entry the value at its "
+                               "site does not have (an axis shorter than the index)",
     "edit_site_unknown": "an edits= site names no op label, module address or glob of the model",
+    "edit_name_read_only": "edits= names a transformer name derived for reading only (each "
+                           "head's share of the output), which has no tensor to edit",
+    "edit_head_not_attention": "head= at a site whose value has no head axis (not an attention "
+                               "name)",
     "edit_site_not_fired": "an edit's site never fired in the forward (the partial trace rides "
                            "on the error)",
     "edit_shape_mismatch": "an edit's value does not fit the site's shape (skip: input and "
@@ -95,6 +103,10 @@ CODES: dict[str, str] = {
                    "whose shape depends on values; re-run instead",
     "patching_inputs_mismatch": "a patching sweep's clean and corrupt inputs differ in shape",
     "patching_batch_unsafe": "a batched patching cell differs from the same cell alone",
+    "metric_invalid": "a sweep's metric= gave no single finite number on the clean run's "
+                      "output (a vector, a non-number), or raised",
+    "metric_baselines_equal": "a sweep's metric= is the same on the clean and the corrupt run, "
+                              "so no cell can be normalised between them",
     "compare_input_invalid": "tl.compare was given neither two traces, two models and an "
                              "input, nor one model and two inputs",
     "grads_unavailable": "save_grads= or a gradient read where no autograd graph exists "
@@ -106,6 +118,11 @@ CODES: dict[str, str] = {
     "steps_not_reached": "at_steps= named a step the block never reached (or run[i] past its "
                          "end)",
     "step_not_captured": "run[i] for a step at_steps= did not choose",
+    "site_not_in_architecture": "a transformer name or read the model's architecture does not "
+                                "have (no list of blocks, no final norm, a block never ran)",
+    "transformer_hint_disagrees": "a plugin's transformer hint contradicts the traced graph",
+    "transformer_needs_model": "tl.transformer on a trace that holds no live model (a loaded "
+                               "one)",
     "drawing_too_large": "a static drawing too large for dot to lay out in seconds (refused "
                          "before layout)",
 }
@@ -186,6 +203,31 @@ class StepError(TorchLensError, RuntimeError):
 
 class GradError(TorchLensError, RuntimeError):
     """A gradient that cannot be computed or read as asked."""
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (empty for an exception without one), cut to
+    ``limit`` characters: what a refusal quotes of the error it turns into a TorchLensError."""
+    lines = str(exc).splitlines()
+    return lines[0][:limit] if lines else ""
+
+
+def surface_call(surface: str, options: str = "") -> str:
+    """The call of ``surface`` a user makes, with ``options`` (keywords as written): what a
+    teach names, so a teach is the user's own call, corrected (``with tl.steps(model, ...) as
+    run: ...``, ``tl.generate(lm, prompt, ...)``, ``trace.push(...)``)."""
+    more = f", {options}" if options else ""
+    if surface == "steps":
+        return f"with tl.steps(model{more}) as run: ..."
+    if surface == "generate":
+        return f"tl.generate(lm, prompt{more})"
+    if surface == "push":
+        return f"trace.push({options.removeprefix('edits=')})"
+    if surface == "record":  # save= is not optional there
+        return f"tl.record(model, inputs{'' if 'save=' in options else ', save=[...]'}{more})"
+    if surface in ("patching.sweep", "attribution.patching"):
+        return f"tl.{surface}(model, clean, corrupt{more})"
+    return f"tl.{surface}(model, x{more})"
 
 
 GRADS_TEACH = 'trace = tl.trace(model, x, save_grads="all")  # then trace.backward(target)'

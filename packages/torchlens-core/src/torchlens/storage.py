@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .errors import TraceFileError
+from .errors import TraceFileError, first_line
 from .trace import OP_FIELDS, SCHEMA_VERSION, Module, ModuleCall, Op, Trace
 from .tracefile import FORMAT
 
@@ -31,7 +31,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # corrupt zip, truncated data, unsafe pickle, not a torch file
-        raise _invalid(path, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+        raise _invalid(path, f"{type(exc).__name__}: {first_line(exc, 200)}") from exc
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise _invalid(path, "it was not written by Trace.save")
     try:

@@ -22,7 +22,7 @@ from .capture.policy import pinned
 from .capture.replay import RANDOM_FUNCS, autocast_of, fresh_first, op_refs, resolve_template
 from .capture.seam import CaptureRequest, Part
 from .capture.transforms import call_batched, in_front
-from .errors import InputError, TorchLensError
+from .errors import InputError, TorchLensError, first_line
 from .ladder import ABSENT
 
 # calls whose result comes from the forward's own autograd graph (``torch.func.grad`` makes
@@ -181,7 +181,7 @@ def validate_forward_pass(model: nn.Module, x: Any = ABSENT, /, *,
                     raise
                 # inside a transform that vmap alone does not rebuild (jacfwd's dual numbers)
                 report.skip(op.label, "needs the functorch transform it ran in: "
-                            + str(exc).splitlines()[0][:120])
+                            + first_line(exc, 120))
                 continue
             got = [_dense(t) for t in _tensors(out)]
             expected = [_dense(t) for t in _tensors(op._value)]

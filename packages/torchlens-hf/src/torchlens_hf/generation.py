@@ -9,7 +9,8 @@ from typing import Any
 
 from torch import nn
 
-from torchlens.steps import StepRun, steps
+from torchlens.steps import StepRun
+from torchlens.steps.capture import Code, StepsCall, capture_steps, selector
 
 
 def generate(lm: nn.Module, prompt: Any, /, *, max_new_tokens: int = 16, save: Any = None,
@@ -19,17 +20,27 @@ def generate(lm: nn.Module, prompt: Any, /, *, max_new_tokens: int = 16, save: A
     forward ``generate`` makes as a step. The run has ``.text``, ``.tokens`` (the new ids),
     ``.output_ids`` (prompt and new), and per captured step the token it chose."""
     from torchlens.capture.entry import checked_inventory, input_options, resolve_for
-    from torchlens.errors import InputTypeError
+    from torchlens.errors import InputTypeError, StepError
 
+    call = StepsCall.of("generate", max_new_tokens=max_new_tokens, save=save,
+                        edits=Code("edits") if edits is not None else None, at_steps=at_steps,
+                        allow_unfired=allow_unfired, **generate_kwargs)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or \
             max_new_tokens < 1:
         raise InputTypeError(f"max_new_tokens= takes a positive int, not {max_new_tokens!r}",
-                             code="option_invalid", teach=["tl.generate(lm, prompt, "
-                                                           "max_new_tokens=16)"])
+                             code="option_invalid", teach=[call.text(max_new_tokens=16)])
+    wanted = selector(at_steps, call)[1]
+    if wanted and wanted[-1] >= max_new_tokens:  # known now: one forward a new token
+        raise StepError(f"at_steps names step(s) {[k for k in wanted if k >= max_new_tokens]}, "
+                        f"but max_new_tokens={max_new_tokens} makes steps 0 to "
+                        f"{max_new_tokens - 1} (step 0 the prefill)", code="steps_not_reached",
+                        teach=[call.text(max_new_tokens=wanted[-1] + 1),
+                               call.text(at_steps=[k for k in wanted if k < max_new_tokens]
+                                         or None)])
     if not hasattr(lm, "generate"):
         raise InputTypeError(f"{type(lm).__name__} has no generate(): tl.generate runs a "
                              "Hugging Face generation model's", code="model_invalid",
-                             teach=["with tl.steps(model) as run:  # your own loop"])
+                             teach=["with tl.steps(model) as run: ...  # your own loop"])
     inv = checked_inventory(lm, "generate")
     res = resolve_for(lm, prompt, input_kwargs=None, input_shape=None, surface="generate",
                       options=input_options(tokenizer, None, None), inv=inv)
@@ -40,8 +51,8 @@ def generate(lm: nn.Module, prompt: Any, /, *, max_new_tokens: int = 16, save: A
     if tok is not None and getattr(lm.generation_config, "pad_token_id", None) is None:
         options.setdefault("pad_token_id", tok.pad_token_id if tok.pad_token_id is not None
                            else tok.eos_token_id)
-    with steps(lm, save=save, edits=edits, at_steps=at_steps,
-               allow_unfired=allow_unfired) as run:
+    with capture_steps(lm, call, save=save, edits=edits, at_steps=at_steps,
+                       allow_unfired=allow_unfired) as run:
         out = lm.generate(*res.args, **kwargs, max_new_tokens=max_new_tokens, **options)
     new = out[:, ids.shape[-1]:] if ids is not None else out
     run.output_ids = out

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchlens.errors import InputError
+from torchlens.errors import InputError, first_line
 from torchlens.plugins import hook
 from torchlens.types import ResolvedInput
 
@@ -157,7 +157,7 @@ def resolve_text(model: nn.Module, value: str | list[str], surface: str,
             raise
         raise InputError(
             f"the prompts tokenize to different lengths and {type(tok).__name__} has no pad "
-            f"token, so they cannot form one batch ({str(exc).splitlines()[0][:160]})",
+            f"token, so they cannot form one batch ({first_line(exc, 160)})",
             code="tokenizer_padding_unavailable",
             teach=["tok.pad_token = tok.eos_token  # then pass tokenizer=tok",
                    f"tl.{surface}(model, texts[0])  # or one prompt at a time"]) from None

@@ -16,7 +16,15 @@ import torch
 from torch import nn
 
 from ..patching.grid import PatchingSweep, sweep_tokens
-from ..patching.sweep import checked_positions, prepare
+from ..patching.sweep import (
+    SweepCall,
+    check_baselines,
+    checked_positions,
+    metric_call,
+    metric_number,
+    metric_value,
+    prepare,
+)
 
 SURFACE = "attribution.patching"
 
@@ -46,21 +54,21 @@ def patching(model: nn.Module, clean: Any, corrupt: Any, metric: Callable[[Any],
     of dimension 1, ``sum((clean - corrupt) * grad)`` over the other dimensions."""
     from ..verbs import trace
 
-    _, rows, good, _ = prepare(model, clean, corrupt, sites, metric, SURFACE,
-                               "tl.attribution.patching(model, clean, corrupt, lambda out: "
-                               "out.logits[0, -1, 42] - out.logits[0, -1, 7], sites=...)", 1,
+    call = SweepCall(SURFACE, sites)
+    _, rows, good, _ = prepare(model, clean, corrupt, sites, metric, call, 1,
                                (tokenizer, processor, preprocess))
     with torch.no_grad():
+        clean_metric = metric_value(metric, model(*good.args, **good.kwargs), "clean", call)
         source = trace(model, clean, save=rows, tokenizer=tokenizer, processor=processor,
                        preprocess=preprocess)
-        clean_metric = float(metric(model(*good.args, **good.kwargs)))
     with torch.enable_grad():
         run = trace(model, corrupt, save=rows, save_grads=rows, tokenizer=tokenizer,
                     processor=processor, preprocess=preprocess)
-        target = metric(run.output)
-        corrupt_metric = float(target.detach())
+        target = metric_call(metric, run.output, "corrupt", call)
+        corrupt_metric = metric_number(target, "corrupt", call, run.output)
+        check_baselines(clean_metric, corrupt_metric, call, run.output)
         run.backward(target)
-    positions = checked_positions(source, rows[0], positions, "tl.attribution.patching")
+    positions = checked_positions(source, rows, positions, call)
     raw = torch.empty(len(rows), len(positions), dtype=torch.float64)
     for i, row in enumerate(rows):
         delta = (_at(source, row, "out").double() - _at(run, row, "out").double()) \

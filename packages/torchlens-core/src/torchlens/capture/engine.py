@@ -22,7 +22,7 @@ from torch.nn.parameter import Parameter, is_lazy
 
 from ..collector import paused
 from ..compiled import eager
-from ..errors import InputError, InputTypeError, add_note, warn
+from ..errors import InputError, InputTypeError, TorchLensError, add_note, surface_call, warn
 from ..sites import name_of, split_pass
 from ..sites import resolve as resolve_site
 from ..trace import SCHEMA_VERSION, Module, ModuleCall, Op, Trace
@@ -62,9 +62,10 @@ def saves_nothing(save: Any) -> bool:
     return save is None or save is False or save == "none"
 
 
-def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
-               ) -> tuple[bool, set[str], set[str]]:
-    """Split ``save=`` into (all, labels, module addresses); module addresses are checked now."""
+def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None,
+               surface: str = "trace") -> tuple[bool, set[str], set[str]]:
+    """Split ``save=`` into (all, labels, module addresses); module addresses are checked now
+    (a refusal teaches the call of ``surface``)."""
     if save == "all":
         return True, set(), set()
     if saves_nothing(save):
@@ -77,14 +78,15 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None
         raise InputTypeError(
             f"save= takes 'all', None, or a list of op labels / module addresses, not {save!r}",
             code="save_selection_invalid",
-            teach=["tl.trace(model, x, save='all')", "tl.trace(model, x, save=['conv2d_1', 'fc'])"],
+            teach=[surface_call(surface, "save='all'"),
+                   surface_call(surface, "save=['conv2d_1', 'fc']")],
         )
     addresses = [name for name, _ in (inv or inventory(model)).modules if name]
     labels, modules = set(), set()
     for text in save:
         sites = resolve_site(text, addresses, option="save=", model_class=type(model).__name__,
                              code="save_selection_invalid",
-                             example=lambda c: f"tl.trace(model, x, save={[c]!r})")
+                             example=lambda c: surface_call(surface, f"save={[c]!r}"))
         for site in sites:
             if site.kind == "name":
                 raise InputError(
@@ -583,15 +585,18 @@ def _objects(state, calls, module_classes, param_names, param_facts, buffer_fact
 
 def _attach_failure(exc: BaseException, state: CaptureState, partial: Trace) -> None:
     failure = state.failure
-    if failure is not None:
+    last = partial.ops[-1].label if partial.ops else None
+    if isinstance(exc, TorchLensError):  # TorchLens refused (an edit, say), not the model
+        where = (f"torchlens: TorchLens refused this forward ({exc.code}) "
+                 f"{f'after op {last!r}' if last else 'before its first op'}, not the model; ")
+    elif failure is not None:
         where = (
             f"torchlens: the forward raised in op #{failure['after_op'] + 1} "
             f"'{failure['func']}' (inputs {format_shapes(failure['input_shapes'])}) in module "
             f"'{failure['module'] or '<model>'}' (pass {failure['module_pass']}); "
         )
     else:
-        last = partial.ops[-1].label if partial.ops else "none"
-        where = f"torchlens: the forward raised outside a torch call, after op '{last}'; "
+        where = f"torchlens: the forward raised outside a torch call, after op '{last or 'none'}'; "
     note = where + f"the partial trace ({len(partial)} ops) is on err.partial_trace"
     try:
         exc.partial_trace = partial  # type: ignore[attr-defined]

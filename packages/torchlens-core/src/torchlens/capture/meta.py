@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CaptureError, InputError
+from ..errors import CaptureError, InputError, first_line
 from ..units import format_shape
 
 MATERIALIZE_TEACH = ("model = Model(config)  # build it on a real device (or "
@@ -102,7 +102,7 @@ def op_unsupported(exc: BaseException, failure: dict[str, Any] | None, partial: 
                         f"takes {dtype} inputs only")
     err = CaptureError(
         f"{func}{where} cannot run on the meta device: it needs tensor values or has no meta "
-        f"kernel for these inputs ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+        f"kernel for these inputs ({type(exc).__name__}: {first_line(exc, 160)}); "
         "everything before it is on "
         f"err.partial_trace ({len(partial) if partial is not None else 0} ops)",
         code="meta_op_unsupported", teach=teach)

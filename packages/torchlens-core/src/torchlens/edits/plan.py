@@ -13,15 +13,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch._C import DisableTorchFunction
 
 from ..capture.boundaries import leaves
 from ..capture.inventory import Inventory
 from ..capture.seam import Part
-from ..errors import EditError, InputError, InputTypeError, TorchLensError
+from ..errors import (
+    EditError,
+    InputError,
+    InputTypeError,
+    TorchLensError,
+    first_line,
+    surface_call,
+)
 from ..sites import Site, call_key, nearest_labels, resolve
-from .values import Edit, Where, as_edit, edit_error, fit, index_text
+from ..units import format_shape
+from .values import Edit, Where, as_edit, edit_error, fit, fitted_index, index_text
 
 
 class EditPlan(Part):
@@ -32,8 +41,8 @@ class EditPlan(Part):
         if not isinstance(edits, Mapping):
             raise InputTypeError(f"edits= takes a mapping {{site: edit}}, not "
                                  f"{type(edits).__name__}", code="edit_invalid",
-                                 teach=[f"tl.{surface}(model, x, edits={{'relu_3': "
-                                        "tl.edits.zero()}})"])
+                                 teach=[surface_call(surface, "edits={'relu_3': "
+                                                             "tl.edits.zero()}")])
         self.surface, self.allow_unfired = surface, allow_unfired
         self.model_class = type(model).__name__
         self.param_shapes = {name: list(p.shape) for name, p in inv.params}
@@ -43,26 +52,30 @@ class EditPlan(Part):
             if not isinstance(text, str):
                 raise InputTypeError(f"an edit's site is a string, not {text!r}",
                                      code="edit_invalid",
-                                     teach=[f"tl.{surface}(model, x, edits={{'relu_3': "
-                                            "tl.edits.zero()}})"])
+                                     teach=[surface_call(surface, "edits={'relu_3': "
+                                                                 "tl.edits.zero()}")])
             edit = as_edit(value)
             sites = (named or {}).get(text) or resolve(
                 text, addresses, option="edits=", model_class=self.model_class,
                 code="edit_site_unknown",
-                example=lambda c: f"tl.{surface}(model, x, edits={{{c!r}: ...}})")
+                example=lambda c: surface_call(surface, f"edits={{{c!r}: ...}}"))
             for site in sites:
                 if site.kind == "name":
                     raise InputError(
                         f"edits= names {text!r}, a transformer name, on a surface that does "
                         "not bind transformer names yet", code="edit_site_unknown",
-                        teach=["tl.trace(model, x, edits={'blocks.0.hook_resid_post': ...})"])
+                        teach=[surface_call(surface, "edits={'<op label or module "
+                                                     "address>': ...}"),
+                               f"tl.trace(model, x, edits={{{text!r}: ...}})  # tl.trace "
+                               "binds transformer names"])
                 if site.lens is not None and not site.lens.editable:
                     raise InputError(
                         f"{text!r} is derived from the capture for reading (each head's "
                         "share of the output); it has no tensor of the model's to edit",
                         code="edit_name_read_only",
-                        teach=[f"tl.{surface}(model, x, edits={{'blocks.0.attn.hook_z': "
-                               "tl.edits.zero(head=3)}})  # edit the heads' values"])
+                        teach=[surface_call(surface, "edits={'blocks.0.attn.hook_z': "
+                                                     "tl.edits.zero(head=3)}")
+                               + "  # edit the heads' values"])
                 _check_head(edit, site, text, surface)
                 edit.check(site.lens.name if site.lens is not None else
                            site.text if site.kind == "op" else site.name, self)
@@ -74,6 +87,9 @@ class EditPlan(Part):
             table.setdefault(site.name, []).append((site, edit))
         self.fired: list[dict[str, Any]] = []
         self.norms: list[Tensor] = []
+        self._held = [m for _, m in inv.modules]  # whose buffers a refusal puts back
+        self._undo: tuple | None = None
+        self._refused = False
 
     # ---- checks before the forward --------------------------------------------------------
     def check_source(self, source: Any, site: str) -> None:
@@ -136,6 +152,16 @@ class EditPlan(Part):
 
     def _apply(self, edit: Edit, out: Any, where: Where, index: int | None,
                inplace: bool, item: Any = ..., lens: Any = None, call: tuple = ((), {})) -> Any:
+        """``out`` with ``edit`` applied (``_edit``); a refusal is noted, so the forward's
+        state is put back when it ends."""
+        try:
+            return self._edit(edit, out, where, index, inplace, item, lens, call)
+        except TorchLensError:
+            self._refused = True
+            raise
+
+    def _edit(self, edit: Edit, out: Any, where: Where, index: int | None,
+              inplace: bool, item: Any, lens: Any, call: tuple) -> Any:
         """``out`` with ``edit`` applied to its ``item`` (default: the edit's own); through
         ``lens`` (a transformer name's view of the op's output, read from its ``call``)."""
         item = edit.item if item is ... else item
@@ -143,10 +169,14 @@ class EditPlan(Part):
         value = anchor if lens is None else lens.read(anchor, *call)
         where.shape = list(value.shape)
         where_index = where.index = _index(edit, lens)
-        part = value if where_index is None else value[where_index]
-        new = edit.new(part, where)
-        if tuple(new.shape) != tuple(part.shape) or new.dtype != part.dtype:
-            new = fit(new, part, where).expand(part.shape)
+        part = value if where_index is None else self._part(value, where_index, edit, lens,
+                                                             where)
+        try:
+            new = edit.new(part, where)
+            if tuple(new.shape) != tuple(part.shape) or new.dtype != part.dtype:
+                new = fit(new, part, where).expand(part.shape)
+        except EditError as err:
+            raise self._taught(err, edit, where, part) from None
         change = (new.detach().double() - part.detach().double()).norm()
         if where_index is not None:
             whole = value.clone()
@@ -168,18 +198,85 @@ class EditPlan(Part):
         })
         return result
 
+    def _part(self, value: Tensor, index: Any, edit: Edit, lens: Any, where: Where) -> Tensor:
+        """``value[index]``; an index the value's shape does not have refuses typed
+        (``edit_index_out_of_range``), teaching the call with the index brought in range."""
+        try:
+            return value[index]
+        except IndexError as exc:
+            fitted, wrong = fitted_index(index, value.shape)
+            fitted, head = _split_head(fitted, edit, lens)
+            site = where.site
+            if wrong:
+                axis, item, size = wrong[0]
+                said = f"{index_text((item,))[1:-1]} is past the end of axis {axis} (size " \
+                    f"{size})" if size else f"the value has no axis {axis}"
+                if edit.head is not None and lens is not None and axis == lens.head_axis:
+                    said += f": head= takes heads 0 to {size - 1}"
+            else:
+                said = first_line(exc)
+            raise EditError(
+                f"the edit at {site!r} ({where.label or where.key}) indexes "
+                f"{index_text(index)}, but the value there has shape "
+                f"{format_shape(value.shape)}: {said}",
+                code="edit_index_out_of_range",
+                teach=[surface_call(self.surface, f"edits={{{site!r}: "
+                                                  f"{edit.code(fitted, head)}}}"),
+                       f"tl.trace(model, x, save=[{site!r}])[{site!r}].out.shape  # the "
+                       "value's shape there"]) from None
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise edit_error("edit_invalid", where,
+                             f"index={index_text(index)} cannot index the value at "
+                             f"{where.site!r} (shape {format_shape(value.shape)}): "
+                             f"{first_line(exc)}") from None
+
+    def _taught(self, err: EditError, edit: Edit, where: Where, part: Tensor) -> EditError:
+        """An edit's refusal of a value that does not fit, its teach led by the user's call
+        with the value it needs."""
+        if err.code not in ("edit_shape_mismatch", "edit_dtype_mismatch") or \
+                edit.kind not in ("add", "replace", "mean", "patch") or \
+                self.surface in ("patching.sweep", "attribution"):  # no edits= of the user's
+            return err
+        what = edit.code().partition("(")[2].partition(",")[0].rstrip(")")  # its argument
+        need = f"of shape {format_shape(part.shape)} (or one that broadcasts to it)" \
+            if err.code == "edit_shape_mismatch" else f"cast to {part.dtype}"
+        if what == "acts":
+            need = f"rows whose mean has shape {format_shape(part.shape)}"
+        elif what == "clean":
+            need = "a trace of an input of the same shape"
+        call = surface_call(self.surface, f"edits={{{where.site!r}: {edit.code()}}}")
+        fixed = EditError(err.message, code=err.code,
+                          teach=[f"{call}  # {what}: {need}", *err.teach])
+        fixed.partial_trace = getattr(err, "partial_trace", None)
+        return fixed
+
     # ---- after the forward ------------------------------------------------------------------
     def start(self, session: Any) -> None:
-        """Each capture proves its own firing (a recording or a step run reuses a plan)."""
+        """Each capture proves its own firing (a recording or a step run reuses a plan); the
+        RNG streams and the buffers of modules in training mode are kept, so that a refusal
+        of an edit (mid-forward, or a site that never fired) leaves them as they were."""
         self.fired.clear()
         self.norms.clear()
+        self._refused = False
+        self._undo = _state_now(self._held)
+
+    def _put_back(self) -> None:
+        """The RNG streams and training-mode buffers as the forward found them."""
+        if self._undo is not None:
+            _restore_state(self._undo)
+            self._undo = None
 
     def finish(self, trace: Any, session: Any) -> None:
         """What was asked and what fired, in the trace's meta (saved with it); a site that
         never fired refuses (unless ``allow_unfired``) once the forward ran to its end."""
         trace.meta["edits"] = {"specs": self.specs(), "fired": self.rows()}
+        if session.failed and self._refused:  # an edit refused mid-forward: undo the forward
+            self._put_back()
         if not session.failed:
+            if not self.allow_unfired and self.unfired():
+                self._put_back()  # the forward ran, but its edits did not: undo what it did
             self.refuse_unfired(trace)
+        self._undo = None
 
     def specs(self) -> list[dict[str, Any]]:
         """What the provenance keeps: each site with its edit's description."""
@@ -214,16 +311,39 @@ class EditPlan(Part):
         if not missing or self.allow_unfired:
             return
         labels = [op.label for op in partial.ops] if partial is not None else []
-        close = [m for text in missing for m in nearest_labels(text, labels)]
+        edits = dict(_by_text(self.entries))
+        close = [(m, edits[text]) for text in missing for m in nearest_labels(text, labels)]
+        keep_going = "trace.push(edits, allow_unfired=True)" if self.surface == "push" else \
+            surface_call(self.surface, "edits=edits, allow_unfired=True")
         err = EditError(
             f"edits at {missing} never fired: the forward produced no such op or module call",
             code="edit_site_not_fired",
-            teach=[f"edits={{{c!r}: ...}}" for c in close]
-            + [("trace.push(edits, allow_unfired=True)" if self.surface == "push" else
-                f"tl.{self.surface}(model, x, edits=..., allow_unfired=True)")
-               + "  # keep going, and list it in trace.edits"])
+            teach=[surface_call(self.surface, f"edits={{{c!r}: {edit.code()}}}")
+                   for c, edit in close]
+            + [keep_going + "  # keep going, and list it in trace.edits"])
         err.partial_trace = partial
         raise err
+
+
+def _state_now(modules: list[nn.Module]) -> tuple:
+    """The RNG streams (CPU, and CUDA where it has started) and a copy of every buffer of a
+    module in training mode (the only ones a forward updates as it runs, e.g. BatchNorm's
+    statistics): cheap in eval mode, where nothing is copied."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    buffers = [(b, b.detach().clone()) for m in modules if m.training
+               for b in m._buffers.values() if isinstance(b, Tensor) and not b.is_meta]
+    return torch.random.get_rng_state(), cuda, buffers
+
+
+def _restore_state(state: tuple) -> None:
+    cpu, cuda, buffers = state
+    torch.random.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+    with torch.no_grad():
+        for buffer, kept in buffers:
+            if buffer.shape == kept.shape:
+                buffer.copy_(kept)
 
 
 def _check_head(edit: Edit, site: Site, text: str, surface: str) -> None:
@@ -236,16 +356,19 @@ def _check_head(edit: Edit, site: Site, text: str, surface: str) -> None:
             f"head= at {text!r}: the value there has no head axis (head= takes an attention "
             "name: blocks.{L}.attn.hook_z, hook_q, hook_k, hook_v, hook_pattern, "
             "hook_attn_scores, hook_result)", code="edit_head_not_attention",
-            teach=[f"tl.{surface}(model, x, edits={{'blocks.0.attn.hook_z': "
-                   "tl.edits.zero(head=3)}})"])
+            teach=[surface_call(surface, f"edits={{'blocks.0.attn.hook_z': "
+                                         f"{edit.code(head=3)}}}")])
     index = edit.index if isinstance(edit.index, tuple) else (
         () if edit.index is None else (edit.index,))
-    if Ellipsis in index or len(index) > axis and index[axis] != slice(None):
+    if any(i is Ellipsis for i in index) or len(index) > axis and not (
+            isinstance(index[axis], slice) and index[axis] == slice(None)):
+        kept = tuple(i for i in index[:axis] if i is not Ellipsis)
         raise InputError(
             f"head= and index={index_text(edit.index)} at {text!r} both address axis {axis}, "
             "the head axis", code="edit_invalid",
-            teach=[f"tl.edits.zero(index={index_text((*index[:axis], slice(None)))}, "
-                   "head=...)  # ':' on the head axis"])
+            teach=[surface_call(surface, f"edits={{{text!r}: "
+                                         f"{edit.code(index=kept or None)}}}")
+                   + "  # index= up to the head axis, head= on it"])
 
 
 def _index(edit: Edit, lens: Any) -> Any:
@@ -258,6 +381,22 @@ def _index(edit: Edit, lens: Any) -> Any:
     padded = [*index, *([slice(None)] * (axis + 1 - len(index)))]
     padded[axis] = list(edit.head) if isinstance(edit.head, (list, tuple)) else edit.head
     return tuple(padded)
+
+
+def _split_head(index: Any, edit: Edit, lens: Any) -> tuple[Any, Any]:
+    """An index in the value's layout (``_index``) as the edit's own ``(index, head)``."""
+    if edit.head is None or lens is None or not isinstance(index, tuple):
+        return index, edit.head
+    axis = lens.head_axis
+    items = list(index)
+    head = items[axis] if len(items) > axis else edit.head
+    if len(items) > axis:
+        items[axis] = slice(None)
+    while items and isinstance(items[-1], slice) and items[-1] == slice(None):
+        items.pop()
+    if not items:
+        return None, head
+    return (tuple(items) if isinstance(edit.index, tuple) or len(items) > 1 else items[0]), head
 
 
 def _by_text(entries: list[tuple[Site, Edit]]) -> list[tuple[str, Edit]]:

@@ -64,7 +64,8 @@ def push(trace: Trace, edits: Any, *, allow_unfired: bool = False) -> Trace:
         raise TorchLensError("trace.push starts from an unedited trace; this one ran with edits",
                              code="edit_invalid",
                              teach=["clean = tl.trace(model, x, save='all', "
-                                    "intervention_ready=True); clean.push({...both edits...})"])
+                                    "intervention_ready=True); clean.push(edits)  # both "
+                                    "edits in one push"])
     check_baseline(trace, model)
     plan = EditPlan(edits, inventory(model), model, allow_unfired=allow_unfired, surface="push")
     ops = trace.ops

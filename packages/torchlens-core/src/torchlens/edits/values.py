@@ -67,6 +67,74 @@ def index_text(index: Any) -> str | None:
     return "[" + ", ".join(parts) + "]"
 
 
+def index_code(index: Any) -> str:
+    """An index as the Python a user writes for it: ``(slice(None), 3)``, ``[0, 2]``, ``...``."""
+    if isinstance(index, tuple):
+        items = [index_code(i) for i in index]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if isinstance(index, slice):
+        bounds = [index.start, index.stop] + ([index.step] if index.step is not None else [])
+        return "slice(" + ", ".join(repr(v) for v in (
+            bounds if bounds != [None, None] else [None])) + ")"
+    if index is Ellipsis:
+        return "..."
+    if isinstance(index, Tensor):
+        return f"torch.tensor({index.tolist()!r})" if index.numel() <= 8 else "idx"
+    return repr(index)
+
+
+def fitted_index(index: Any, shape: Any) -> tuple[Any, list[tuple[int, Any, int]]]:
+    """``index`` made to fit a value of ``shape`` -- each int (or int in a list or an integer
+    tensor) past the end of its axis brought to the axis's last entry, indices past the last
+    axis dropped (None: nothing left, the whole value) -- and what did not fit, as (axis, the
+    index there, the axis's size; size 0 for an axis the value does not have). What a teach
+    offers for an index out of range."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    ndim = len(shape)
+
+    def takes(item: Any) -> bool:  # an index that uses up one axis
+        return item is not None and item is not Ellipsis and not isinstance(item, bool)
+
+    out: list[Any] = []
+    wrong: list[tuple[int, Any, int]] = []
+    dim = 0
+    for k, item in enumerate(items):
+        if item is Ellipsis:
+            out.append(item)
+            dim = max(dim, ndim - sum(1 for i in items[k + 1:] if takes(i)))
+        elif not takes(item):
+            out.append(item)
+        elif dim < ndim:
+            fitted = _fit_entry(item, shape[dim])
+            if fitted is not item:
+                wrong.append((dim, item, shape[dim]))
+            out.append(fitted)
+            dim += 1
+        else:
+            wrong.append((dim, item, 0))
+            dim += 1
+    if not out:
+        return None, wrong
+    return (tuple(out) if isinstance(index, tuple) or len(out) != 1 else out[0]), wrong
+
+
+def _fit_entry(item: Any, size: int) -> Any:
+    """One axis's index within ``size`` entries (``item`` itself where it fits)."""
+    last = max(size - 1, 0)
+    if isinstance(item, int):
+        return item if -size <= item < size else (last if item >= 0 else -max(size, 1))
+    if isinstance(item, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                      for i in item):
+        if all(-size <= i < size for i in item):
+            return item
+        return list(dict.fromkeys(_fit_entry(i, size) for i in item))
+    if isinstance(item, Tensor) and not item.is_floating_point() and item.dtype != torch.bool:
+        if not item.numel() or bool(((item >= -size) & (item < size)).all()):
+            return item
+        return item.clamp(-max(size, 1), last)
+    return item
+
+
 def edit_error(code: str, where: Where | None, message: str,
                teach: list[str] | None = None) -> EditError:
     """An ``EditError`` whose teach shows the value's shape at ``where``'s site."""
@@ -84,14 +152,16 @@ class Edit(ABC):
     kind = "edit"
 
     def __init__(self, *, index: Any = None, item: Any = None, head: Any = None):
-        if index is not None and not isinstance(index, (int, slice, tuple, list, Tensor)) \
-                and index is not Ellipsis:
+        if index is not None and not (_index_item(index) or isinstance(index, (tuple, list))
+                                      and all(_index_item(i) for i in index)
+                                      and sum(i is Ellipsis for i in index) <= 1):
             raise InputTypeError(
                 f"index= takes what tensor indexing takes (an int, a slice, a tuple of them), "
                 f"not {index!r}", code="edit_invalid",
                 teach=["tl.edits.zero(index=(slice(None), 4))  # every batch row, position 4"])
         if head is not None and not (isinstance(head, int) or isinstance(head, (list, tuple))
-                                     and all(isinstance(h, int) for h in head)) \
+                                     and all(isinstance(h, int) and not isinstance(h, bool)
+                                             for h in head)) \
                 or isinstance(head, bool):
             raise InputTypeError(f"head= takes a head number or a list of them, not {head!r}",
                                  code="edit_invalid",
@@ -106,6 +176,20 @@ class Edit(ABC):
 
     def check(self, site: str, plan: Any) -> None:  # noqa: B027  (most edits need no check)
         """Refusals that need no forward (a patch source missing the site, say)."""
+
+    def code(self, index: Any = ..., head: Any = ...) -> str:
+        """The edit as the Python that makes it (``tl.edits.zero(index=(slice(None), 3))``),
+        with ``index`` and ``head`` put in place of its own where given: what a teach writes."""
+        index = self.index if index is ... else index
+        head = self.head if head is ... else head
+        args = [a for a in (self._args_code(),
+                            None if index is None else f"index={index_code(index)}",
+                            None if head is None else f"head={head!r}",
+                            None if self.item is None else f"item={self.item!r}") if a]
+        return f"tl.edits.{self.kind}({', '.join(args)})"
+
+    def _args_code(self) -> str:
+        return ""
 
     def describe(self) -> dict[str, Any]:
         """The edit as plain data (kind, index, shapes, a hash of a tensor argument): what
@@ -124,6 +208,24 @@ class Edit(ABC):
     def __repr__(self) -> str:
         facts = {k: v for k, v in self.describe().items() if v is not None and k != "kind"}
         return f"tl.edits.{self.kind}({', '.join(f'{k}={v!r}' for k, v in facts.items())})"
+
+
+def _index_item(item: Any) -> bool:
+    """What one axis of an index takes: an int, a slice of ints, ``...``, None (a new axis), a
+    list of ints, an integer or boolean tensor."""
+    if isinstance(item, bool):
+        return False
+    if isinstance(item, (int, type(None))) or item is Ellipsis:
+        return True
+    if isinstance(item, slice):
+        return all(v is None or isinstance(v, int) and not isinstance(v, bool)
+                   for v in (item.start, item.stop, item.step)) and \
+            (item.step is None or item.step > 0)  # torch takes no negative step
+    if isinstance(item, list):
+        return all(isinstance(i, int) and not isinstance(i, bool) for i in item)
+    if isinstance(item, Tensor):
+        return not item.is_floating_point() and not item.is_complex()
+    return False
 
 
 class _Zero(Edit):
@@ -145,6 +247,9 @@ class _Scale(Edit):
 
     def new(self, part, where):
         return part * self.k
+
+    def _args_code(self):
+        return repr(self.k)
 
     def _facts(self):
         return {"k": self.k}
@@ -174,10 +279,16 @@ class _Add(_TensorEdit):
 
     def __init__(self, vector: Tensor, alpha: float = 1.0, **kw):
         super().__init__(vector, **kw)
+        if isinstance(alpha, (bool, Tensor)) or not isinstance(alpha, (int, float)):
+            raise InputTypeError(f"tl.edits.add's alpha= takes a number, not {alpha!r}",
+                                 code="edit_invalid", teach=["tl.edits.add(vector, alpha=2.0)"])
         self.alpha = float(alpha)
 
     def new(self, part, where):
         return part + self.alpha * fit(self.tensor, part, where)
+
+    def _args_code(self):
+        return "vector" + ("" if self.alpha == 1.0 else f", alpha={self.alpha!r}")
 
     def _facts(self):
         return {**super()._facts(), "alpha": self.alpha}
@@ -191,6 +302,9 @@ class _Replace(_TensorEdit):
 
     def new(self, part, where):
         return fit(self.tensor, part, where).expand(part.shape).clone()
+
+    def _args_code(self):
+        return "tensor"
 
 
 class _Patch(Edit):
@@ -210,6 +324,9 @@ class _Patch(Edit):
 
     def check(self, site, plan):
         plan.check_source(self.source, site)
+
+    def _args_code(self):
+        return "clean"
 
     def new(self, part, where):
         value = source_value(self.source, where)
@@ -251,6 +368,11 @@ class _Mean(Edit):
         if self.value is None:
             plan.check_source(self.source, site)
 
+    def _args_code(self):
+        if self.label is not None:
+            return f"rec, label={self.label!r}"
+        return "acts" if self.value is not None else "clean"
+
     def new(self, part, where):
         value = self.value
         if value is None:
@@ -288,7 +410,14 @@ class _Skip(Edit):
                              f"tl.edits.skip at {where.site!r}: the call had no tensor input")
         value = inputs[0]
         if self.index is not None:
-            value = value[self.index]
+            try:
+                value = value[self.index]
+            except (IndexError, TypeError, ValueError, RuntimeError):
+                raise edit_error("edit_shape_mismatch", where,
+                                 f"tl.edits.skip at {where.site!r}: its input has shape "
+                                 f"{format_shape(value.shape)}, which index="
+                                 f"{index_text(self.index)} does not fit (its output has "
+                                 f"{format_shape(where.shape)})") from None
         if tuple(value.shape) != tuple(part.shape):
             raise edit_error("edit_shape_mismatch", where,
                              f"tl.edits.skip at {where.site!r}: its input has shape "
@@ -302,6 +431,9 @@ class _Call(Edit):
     def __init__(self, fn: Callable[[Tensor, Where], Tensor], **kw):
         super().__init__(**kw)
         self.fn = fn
+
+    def code(self, index: Any = ..., head: Any = ...) -> str:
+        return f"lambda value, op: ...  # {_fn_name(self.fn)}"
 
     def new(self, part, where):
         out = self.fn(part, where)
@@ -342,7 +474,7 @@ def fit(value: Tensor, part: Tensor, where: Where) -> Tensor:
                          f"value's {part.dtype} cannot hold (e.g. fractions in an integer "
                          "tensor)", teach=[f"edits={{{where.site!r}: tl.edits.replace("
                                            f"t.to(torch.{str(part.dtype).removeprefix('torch.')})"
-                                           ")}}  # cast it yourself, as you mean it"])
+                                           ")}  # cast it yourself, as you mean it"])
     return cast
 
 

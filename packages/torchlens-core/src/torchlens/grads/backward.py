@@ -11,7 +11,14 @@ import torch
 from torch import Tensor
 
 from ..capabilities import provide
-from ..errors import GRADS_TEACH, GradError, grads_unavailable
+from ..errors import (
+    GRADS_TEACH,
+    EditError,
+    GradError,
+    TorchLensError,
+    first_line,
+    grads_unavailable,
+)
 from ..sites import split_pass
 from ..trace import NO_GRAD
 from ..units import format_shape
@@ -42,7 +49,15 @@ def _target(trace: Any, state: GradState, target: Any) -> Tensor:
                    "trace.backward(lambda out: out.logits[0, -1, 42])",
                    f"trace.backward({trace.outputs[0].label!r})  # an op's value, summed"])
     if callable(target) and not isinstance(target, Tensor):
-        target = target(state.output)
+        try:
+            target = target(state.output)
+        except TorchLensError:
+            raise
+        except Exception as exc:  # the target function's own error, chained
+            raise GradError(f"the target function raised on the output: "
+                            f"{type(exc).__name__}: {first_line(exc)}",
+                            code="grads_target_invalid",
+                            teach=["trace.backward(lambda out: out.sum())"]) from exc
     elif isinstance(target, str):
         target = _op_value(trace, state, target).sum()
     if not isinstance(target, Tensor):
@@ -108,6 +123,9 @@ def run_backward(trace: Any, target: Any = None, *, retain_graph: bool = False,
         params = [p for p in state.params if p.requires_grad] if param_grads else []
         grads = torch.autograd.grad(target, edges + forced + params, retain_graph=retain_graph,
                                     allow_unused=True) if edges or forced or params else ()
+    except BaseException:
+        state.retained = state.retained and retain_graph  # a backward cut short freed it too
+        raise
     finally:
         for handle in handles:
             handle.remove()
@@ -192,7 +210,7 @@ def _editing(edit: Any, slot: Any, row: dict, fired: list) -> Callable:
             return grad_outputs
         where = Where(row["site"], row["label"], None, row["pass"], row["module"], None,
                       list(grad.shape), [], None)
-        part = grad if edit.index is None else grad[edit.index]
+        part = grad if edit.index is None else _indexed(grad, edit, row)
         new = edit.new(part, where)
         if edit.index is None:
             edited = new.expand_as(part).to(part.dtype)
@@ -206,6 +224,29 @@ def _editing(edit: Any, slot: Any, row: dict, fired: list) -> Callable:
         return tuple(grads)
 
     return hook
+
+
+def _indexed(grad: Tensor, edit: Any, row: dict) -> Tensor:
+    """``grad[edit.index]``; an index the gradient's shape does not have refuses typed
+    (``edit_index_out_of_range``), teaching the call with the index brought in range."""
+    from ..edits.values import fitted_index, index_text
+
+    try:
+        return grad[edit.index]
+    except IndexError as exc:
+        fitted, wrong = fitted_index(edit.index, grad.shape)
+        said = first_line(exc)
+        if wrong:
+            axis, item, size = wrong[0]
+            said = f"{index_text((item,))[1:-1]} is past the end of axis {axis} (size " \
+                f"{size})" if size else f"the gradient has no axis {axis}"
+        site = row["site"]
+        raise EditError(
+            f"the gradient edit at {site!r} ({row['label']}) indexes {index_text(edit.index)}, "
+            f"but the gradient there has shape {format_shape(grad.shape)}: {said}",
+            code="edit_index_out_of_range",
+            teach=[f"tl.trace(model, x, save_grads=[{site!r}], grad_edits={{{site!r}: "
+                   f"{edit.code(fitted)}}})"]) from None
 
 
 def _refuse_unfired(trace: Any, state: GradState, fired: list) -> None:

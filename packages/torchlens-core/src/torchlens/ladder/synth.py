@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from ..units import format_shape
 from .recipes import Recipe
 
@@ -37,7 +37,7 @@ def synthesize(recipes: list[Recipe], device: torch.device) -> list[torch.Tensor
         except (RuntimeError, MemoryError) as exc:
             raise InputError(
                 f"cannot make a {format_shape(r.shape)} {str(r.dtype).removeprefix('torch.')} "
-                f"input on {device}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+                f"input on {device}: {type(exc).__name__}: {first_line(exc, 200)}",
                 code="input_shape_invalid",
                 teach=["tl.trace(model, input_shape=(1, ...))  # a smaller shape",
                        "tl.trace(model, x)  # or the real input"]) from exc

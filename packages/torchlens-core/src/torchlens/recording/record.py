@@ -144,7 +144,8 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     inv = checked_inventory(model, "record")
     refuse_values(model, "record", "recorded activations", inv)
     save = expand_globs(list(save), [address for address, _ in inv.modules])
-    parse_save([s for s in save if not has_names([s], None, inv)], model, inv)  # modules now
+    parse_save([s for s in save if not has_names([s], None, inv)], model, inv,
+               "record")  # modules now
     plan = plan_edits(edits, inv, model, False, "record")
     gen = None
     if generate is not None:

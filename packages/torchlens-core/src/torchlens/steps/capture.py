@@ -25,7 +25,7 @@ from ..capture.inventory import inventory
 from ..capture.redirect import Redirect
 from ..capture.seam import CaptureRequest, Part
 from ..edits.plan import plan_edits
-from ..errors import InputTypeError, StepError
+from ..errors import InputTypeError, StepError, surface_call
 from .follow import Follower
 from .run import StepRun
 
@@ -44,8 +44,94 @@ class StepKeeper(Part):
             self.raw = (session.state.records, session.state.values, session.calls)
 
 
-def _selector(at_steps: Any) -> tuple[Callable[[int], bool], list[int]]:
+@dataclasses.dataclass
+class StepsCall:
+    """The call that made a step run, for its teaches: ``surface`` "steps" (``with
+    tl.steps(model, ...) as run``) or "generate" (``tl.generate(lm, prompt, ...)``), with the
+    user's own keywords as they would be written (``options``: keyword -> code)."""
+
+    surface: str = "steps"
+    options: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, surface: str, **options: Any) -> StepsCall:
+        """The call of ``surface`` with the keywords given (None: not given): short values as
+        their repr, long ones by their keyword's name (``edits=edits``)."""
+        shown = {}
+        for key, value in options.items():
+            if value is None or value is False:
+                continue
+            text = value if isinstance(value, Code) else repr(value)
+            shown[key] = text if len(text) <= 40 and "<" not in text else key
+        return cls(surface, shown)
+
+    def text(self, comment: str = "", **changes: Any) -> str:
+        """The call with ``changes`` (keyword -> value; None drops it), then ``comment``."""
+        options = dict(self.options)
+        for key, value in changes.items():
+            if value is None:
+                options.pop(key, None)
+            else:
+                options[key] = value if isinstance(value, Code) else repr(value)
+        text = surface_call(self.surface, ", ".join(f"{k}={v}" for k, v in options.items()))
+        return f"{text}  # {comment}" if comment else text
+
+
+class Code(str):
+    """A keyword's value already written as code (not to be repr'd)."""
+
+
+class TaughtRun(StepRun):
+    """A ``StepRun`` whose refusals teach the call that made it (``StepsCall``): a step not
+    captured, the call with ``at_steps=`` naming it too; a step past the run's end, the last
+    step there is (and, for ``tl.generate``, the call generating far enough)."""
+
+    def __init__(self, model_class: str, selected: Any, call: StepsCall):
+        super().__init__(model_class, selected)
+        self.call = call
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return super().__getitem__(index)
+        except StepError as err:
+            if err.code not in ("step_not_captured", "steps_not_reached"):
+                raise
+            raise StepError(err.message, code=err.code, teach=self._teach(index)) from None
+
+    def draw(self, *, step: int | None = None, path: Any = None, **dials: Any):
+        """``StepRun.draw``; a run that captured no step refuses with its own call."""
+        if not self.captured:
+            raise StepError("this run captured no step to draw", code="step_not_captured",
+                            teach=[self.call.text("every step", at_steps=None)])
+        return super().draw(step=step, path=path, **dials)
+
+    def _teach(self, index: int) -> list[str]:
+        step = index + self.count if index < 0 else index
+        last = f"run[{self.captured[-1]}]  # the last step captured" if self.captured else None
+        if step >= self.count:  # past the run's end
+            teach = [self.call.text(max_new_tokens=step + 1, at_steps=sorted(
+                {*_chosen(self._selected, self.captured), step}))] \
+                if self.call.surface == "generate" else []
+            return [*teach, *([last] if last else [self.call.text(
+                "call the model inside the block")])]
+        chosen = sorted({*_chosen(self._selected, self.captured), step})
+        return [self.call.text(at_steps=chosen if len(chosen) <= 16 else None)]
+
+
+def _chosen(selected: Any, captured: list[int]) -> list[int]:
+    """The steps a run's ``at_steps=`` named, as a list (its captured steps where it was a
+    slice or a callable)."""
+    if isinstance(selected, int) and not isinstance(selected, bool):
+        return [selected]
+    if isinstance(selected, (list, tuple, set, frozenset, range)):
+        return [k for k in selected if isinstance(k, int)]
+    return list(captured)
+
+
+def selector(at_steps: Any, call: StepsCall | None = None
+              ) -> tuple[Callable[[int], bool], list[int]]:
     """(is step k chosen?, the explicit indices to check were reached)."""
+    call = call or StepsCall()
     if at_steps is None:
         return (lambda k: True), []
     if isinstance(at_steps, slice):
@@ -53,7 +139,8 @@ def _selector(at_steps: Any) -> tuple[Callable[[int], bool], list[int]]:
         step = 1 if at_steps.step is None else at_steps.step
         if start < 0 or (stop is not None and stop < 0) or step < 1:
             raise InputTypeError(f"at_steps={at_steps!r}: a slice of step indices from 0",
-                                 code="option_invalid", teach=["at_steps=slice(0, 3)"])
+                                 code="option_invalid",
+                                 teach=[call.text(at_steps=slice(0, 3))])
         return (lambda k: k >= start and (stop is None or k < stop) and
                 (k - start) % step == 0), []
     if callable(at_steps):
@@ -68,7 +155,8 @@ def _selector(at_steps: Any) -> tuple[Callable[[int], bool], list[int]]:
     raise InputTypeError(
         f"at_steps= takes step indices, a slice or a callable step -> bool, not {at_steps!r}",
         code="option_invalid",
-        teach=["at_steps=[0, 1, 2]", "at_steps=slice(1, None)", "at_steps=lambda k: k % 4 == 0"])
+        teach=[call.text(at_steps=[0, 1, 2]), call.text(at_steps=slice(1, None)),
+               call.text(at_steps=Code("lambda k: k % 4 == 0"))])
 
 
 @contextlib.contextmanager
@@ -85,18 +173,31 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
     an exception in the block carries the steps so far as ``err.partial_run``.
     """
 
+    call = StepsCall.of("steps", save=save, edits=Code("edits") if edits is not None else None,
+                        at_steps=at_steps, allow_unfired=allow_unfired)
+    with capture_steps(model, call, save=save, edits=edits, at_steps=at_steps,
+                       allow_unfired=allow_unfired) as run:
+        yield run
+
+
+@contextlib.contextmanager
+def capture_steps(model: nn.Module, call: StepsCall, *, save: Any, edits: Any, at_steps: Any,
+                  allow_unfired: bool) -> Iterator[StepRun]:
+    """``tl.steps``'s block for the call ``call`` (``tl.steps`` or ``tl.generate``), whose
+    refusals teach that call, corrected."""
+    surface = call.surface
     if not isinstance(model, nn.Module):
-        raise InputTypeError(f"tl.steps takes a torch.nn.Module, not {type(model).__name__}",
-                             code="model_invalid", teach=["with tl.steps(model) as run: ..."])
+        raise InputTypeError(f"tl.{surface} takes a torch.nn.Module, not {type(model).__name__}",
+                             code="model_invalid", teach=[call.text()])
     if MARK in model.__dict__:
         raise StepError("tl.steps is already capturing this model: a step run cannot hold "
                         "another", code="steps_nested",
-                        teach=["end the outer `with tl.steps(model)` block first"])
-    inv = checked_inventory(model, "steps")
-    parse_save(save, model, inv)
-    plan = plan_edits(edits, inv, model, allow_unfired, "steps")
-    chosen, wanted = _selector(at_steps)
-    run = StepRun(type(model).__name__, at_steps)
+                        teach=[call.text("one block at a time: end the outer one first")])
+    inv = checked_inventory(model, surface)
+    parse_save(save, model, inv, surface)
+    plan = plan_edits(edits, inv, model, allow_unfired, surface)
+    chosen, wanted = selector(at_steps, call)
+    run = TaughtRun(type(model).__name__, at_steps, call)
     kept = Kept()  # the module frames, installed at a captured step, kept for the next one
 
     def step(args: tuple, kwargs: dict) -> Any:
@@ -144,9 +245,25 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
         del model.__dict__[MARK]
     missing = [k for k in wanted if k >= run.count]
     if missing:
-        err = StepError(f"at_steps names step(s) {missing} but the block made {run.count} "
-                        "call(s) of the model", code="steps_not_reached",
-                        teach=[f"at_steps={[k for k in wanted if k < run.count]}"
-                               if run.count else "call the model inside the block"])
+        err = StepError(f"at_steps names step(s) {missing} but the "
+                        f"{'generation' if surface == 'generate' else 'block'} made "
+                        f"{run.count} call(s) of the model", code="steps_not_reached",
+                        teach=_not_reached(call, wanted, run.count))
         err.partial_run = run
         raise err
+
+
+def _not_reached(call: StepsCall, wanted: list[int], count: int) -> list[str]:
+    """The teaches of at_steps= naming steps past the ``count`` calls made: the call with the
+    steps it reached (or its last step, where it reached none of them); for ``tl.generate``,
+    first the call that generates every step named (its end-of-text token stopped it early)."""
+    reached = [k for k in wanted if k < count] or ([count - 1] if count else [])
+    teach = []
+    if call.surface == "generate":
+        need = max(wanted) + 1
+        teach.append(call.text(max_new_tokens=need, min_new_tokens=need))
+    if reached:
+        teach.append(call.text(at_steps=reached))
+    elif call.surface == "steps":
+        teach.append(call.text().replace(": ...", ": model(x)  # call the model in the block"))
+    return teach
