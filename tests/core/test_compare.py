@@ -257,7 +257,3 @@ def test_top_prints_as_a_table_and_stays_a_list_of_the_rows():
     assert str(cmp.top(3, by="cosine")).splitlines()[0] == lines[1]
     assert str(tl.compare(tl.trace(model, X), tl.trace(model, X)).top(3)) == \
         "no compared op differs (by relative)"
-    pandas = pytest.importorskip("pandas")
-    frame = top.to_pandas()
-    assert isinstance(frame, pandas.DataFrame) and list(frame["b"]) == [r.b for r in top]
-    assert list(frame["relative"]) == [r.relative for r in top]

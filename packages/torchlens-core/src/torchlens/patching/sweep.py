@@ -31,7 +31,7 @@ from ..errors import (
 )
 from ..sites import resolve
 from ..units import format_shape, format_shapes
-from .grid import PatchingSweep
+from .grid import PatchingSweep, sweep_tokens
 
 SURFACE = "patching.sweep"
 
@@ -98,7 +98,7 @@ def sweep(model: nn.Module, clean: Any, corrupt: Any, /, *, sites: str | Iterabl
                                 values[0], call)
                 forwards += 1
     return PatchingSweep(rows, positions, raw, clean_metric, corrupt_metric, batch_size,
-                         forwards)
+                         forwards, tokens=sweep_tokens(source, rows[0]))
 
 
 def prepare(model: nn.Module, clean: Any, corrupt: Any, sites: Any, metric: Any,
