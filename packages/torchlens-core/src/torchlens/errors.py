@@ -7,6 +7,7 @@ Tests assert ``.code`` and the teach, never the whole message.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 from .units import human
 
@@ -290,3 +291,15 @@ def warn(code: str, message: str, stacklevel: int | None = 2) -> None:
                 frame.f_globals.get("__name__", "").partition(".")[0] == "torchlens":
             frame, stacklevel = frame.f_back, stacklevel + 1
     warnings.warn(TorchLensWarning(code, message), stacklevel=stacklevel + 1)
+
+
+def pandas_for(what: str, instead: str) -> Any:
+    """The pandas module, or ``dependency_missing`` saying ``what`` needs it and ``instead``
+    (the same rows without pandas)."""
+    try:
+        import pandas
+    except ImportError as exc:
+        raise TorchLensError(f"{what} needs pandas, which is not installed",
+                             code="dependency_missing",
+                             teach=["pip install pandas", instead]) from exc
+    return pandas

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from .errors import TorchLensError
+from .errors import pandas_for
 from .units import format_shapes, human
 
 HEADERS = ("#", "Label", "Function", "Module", "Output shape", "Params", "FLOPs", "Time (ms)")
@@ -124,14 +124,7 @@ def to_html(trace: Any) -> str:
 def to_pandas(trace: Any):
     """One row per op (every plain field of ``Op``, plus ``num_params`` and ``edited``: an edit
     fired there), in execution order."""
-    try:
-        import pandas
-    except ImportError as exc:
-        raise TorchLensError(
-            "trace.to_pandas() needs pandas, which is not installed",
-            code="dependency_missing",
-            teach=["pip install pandas", "trace.rows()  # the same rows as plain dicts"],
-        ) from exc
+    pandas = pandas_for("trace.to_pandas()", "trace.rows()  # the same rows as plain dicts")
     sizes, edited = _numels(trace), _edited(trace)
     rows = [{**op.row(), "num_params": _params(op, sizes), "edited": op.label in edited}
             for op in trace.ops]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError, TorchLensError
+from ..errors import InputError, TorchLensError, pandas_for
 from ..sites import transformer_names
 from .bind import anchor, structure_of
 
@@ -245,9 +245,7 @@ class LogitLens:
                 row["text"] = [tokenizer.decode([t]) for t in row["tokens"]]
 
     def to_pandas(self) -> Any:
-        import pandas as pd
-
-        return pd.DataFrame(self.rows)
+        return pandas_for("lens.to_pandas()", "lens.rows  # the same rows").DataFrame(self.rows)
 
     def to_html(self) -> str:
         """A heatmap: layers down, positions across, each cell the top token, shaded by its

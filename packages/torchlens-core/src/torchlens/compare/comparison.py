@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import TorchLensError
+from ..errors import TorchLensError, pandas_for
 from ..units import format_shape
 from .match import match_ops
 from .metrics import REARRANGE, STAT_KEYS, value_stats, within
@@ -273,13 +273,7 @@ class Comparison:
 
     def to_pandas(self):
         """One pandas row per op (every field of ``DiffRow``)."""
-        try:
-            import pandas
-        except ImportError as exc:
-            raise TorchLensError("cmp.to_pandas() needs pandas, which is not installed",
-                                 code="dependency_missing",
-                                 teach=["pip install pandas", "cmp.rows  # the same, as objects"]
-                                 ) from exc
+        pandas = pandas_for("cmp.to_pandas()", "cmp.rows  # the same, as objects")
         return pandas.DataFrame([r.row() for r in self.rows])
 
     def draw(self, *, path: str | os.PathLike | None = None, collapse: str | int = "none",

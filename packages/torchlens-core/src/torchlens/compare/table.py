@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import TorchLensError
+from ..errors import pandas_for
 from ..units import human
 
 TOP = 10
@@ -62,12 +62,7 @@ class TopRows(list):
 
     def to_pandas(self):
         """One pandas row per op (every field of ``DiffRow``), largest difference first."""
-        try:
-            import pandas
-        except ImportError as exc:
-            raise TorchLensError("top.to_pandas() needs pandas, which is not installed",
-                                 code="dependency_missing",
-                                 teach=["pip install pandas", "[r.row() for r in top]"]) from exc
+        pandas = pandas_for("top.to_pandas()", "[r.row() for r in top]")
         return pandas.DataFrame([r.row() for r in self])
 
 

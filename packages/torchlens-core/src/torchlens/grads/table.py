@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..capabilities import provide
+from ..errors import pandas_for
 from ..trace import NO_GRAD
 from ..units import format_shape
 
@@ -50,9 +51,8 @@ class GradTable(list):
 
     def to_pandas(self):
         """The rows as a pandas frame."""
-        import pandas
-
-        return pandas.DataFrame(list(self))
+        return pandas_for("trace.grads.to_pandas()", "list(trace.grads)  # the same rows"
+                          ).DataFrame(list(self))
 
 
 @provide("grads")

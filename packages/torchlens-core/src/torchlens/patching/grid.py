@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..errors import TorchLensError
+from ..errors import pandas_for
 
 DECIMALS = 3  # every number a sweep prints, unless its metrics need more to tell them apart
 BLUE, WHITE, RED = (33, 102, 172), (247, 247, 247), (178, 24, 43)  # a diverging scale (RdBu)
@@ -65,12 +65,7 @@ class PatchingSweep:
 
     def to_pandas(self):
         """The normalised grid: one row per site, one column per position."""
-        try:
-            import pandas
-        except ImportError as exc:
-            raise TorchLensError("sweep.to_pandas() needs pandas, which is not installed",
-                                 code="dependency_missing",
-                                 teach=["pip install pandas", "sweep.values  # a tensor"]) from exc
+        pandas = pandas_for("sweep.to_pandas()", "sweep.values  # a tensor")
         return pandas.DataFrame(self.values.tolist(), index=self.sites, columns=self.positions)
 
     def position_labels(self) -> list[str]:
