@@ -81,6 +81,10 @@ CODES: dict[str, str] = {
     "meta_values_unavailable": "values were asked of a model on the meta device (shapes only)",
     "meta_op_unsupported": "a data-dependent op (nonzero, a boolean mask) has no meta kernel",
     "distributed_unavailable": "torchrun variables are set but the process group cannot start",
+    "sharded_ranks_disagree": "the ranks of a model sharded across processes were asked "
+                              "different captures (save=, edits=, input shapes)",
+    "sharded_rank_failed": "a collective of a sharded capture failed: another rank raised, "
+                           "timed out or is not running the same capture",
     # edits and patching (tl.edits, edits=, tl.patching)
     "edit_invalid": "an edit, its site key, index= or item= is malformed, or a callable edit "
                     "returned no tensor",

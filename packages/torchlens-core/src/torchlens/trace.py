@@ -72,6 +72,7 @@ class Op:
     _value: Any = None
     _reads: Any = field(default=None, init=False)  # the trace's _Reads (not the trace: no cycle)
     _grad: Any = field(default=None, init=False)  # set by trace.backward (save_grads= sites)
+    _local: Any = field(default=None, init=False)  # this rank's part, of a sharded model's op
 
     @property
     def out(self) -> Any:
@@ -89,6 +90,13 @@ class Op:
         if self._reads is not None:
             self._reads.on_value_read()
         return self._value
+
+    @property
+    def local(self) -> Any:
+        """This process's part of the value, for a model sharded across processes: a DTensor
+        with its placement and device mesh (``op.out`` is the whole value; ``meta['sharded']``
+        names the placement). The saved value itself for any other op."""
+        return self._local if self._local is not None else self.out
 
     @property
     def grad(self) -> Any:

@@ -1,0 +1,406 @@
+"""The sharded gather as a capture part: folds DTensor's plumbing, follows where each value's
+shard lies, hands edits whole values, and makes every saved value whole when the forward ends.
+
+``Sharded`` leads the capture (its torch function mode sees each call before the recorder):
+
+- DTensor's redistribution plumbing (``from_local``/``to_local``'s ``view_as``, the
+  ``wrap_tensor_autograd`` and ``wait_tensor`` of an AsyncCollectiveTensor) runs unrecorded,
+  its output standing for its input's op, as a view would: the ops read as the unsharded
+  model's. Collectives (``all_reduce``, ...) stay, as the communication they are.
+- A DTensor passed to an op stands for the op that made its local tensor, and an op's DTensor
+  output's local tensor for that op; where a plain tensor computed from shards lies in the
+  whole is followed through the ops in between (``layout.infer``).
+- When the forward ends, every saved value is made whole, on every rank, in op order (each a
+  collective, so all ranks gather the same values in the same order): ``op.out`` is a plain
+  whole tensor, ``op.local`` this rank's part as a DTensor, ``op.meta['sharded']`` its
+  placement; the op's shape is the whole's.
+- An edited site's value is gathered before the edit (edits address the whole tensor) and this
+  rank's part taken back after it (``Resplit``, the part after the others).
+- FSDP2's parameter all-gathers and reshards (its module hooks) run unrecorded, and its
+  unsharded parameters keep their names.
+
+Before the forward, the ranks compare what they were asked (the selection, the edits, the
+input shapes): a difference refuses ``sharded_ranks_disagree`` on every rank instead of a hang.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunction
+from torch.overrides import TorchFunctionMode
+
+from ..capture.naming import func_name
+from ..capture.seam import Part, Session
+from ..errors import CaptureError, InputError
+
+# calls DTensor makes to move a value between its local and its distributed form
+_PLUMBING = frozenset({"wrap_tensor_autograd", "wait_tensor"})
+_COLLECTIVES = frozenset({"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+                          "all_to_all_single", "broadcast", "all_reduce_coalesced",
+                          "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"})
+_RANK_FAILED_TEACH = [
+    "torch.distributed.init_process_group('gloo', timeout=datetime.timedelta(seconds=60))"
+    "  # how long a rank waits for another",
+    "tl.trace(model, x)  # on every rank, with the same input shapes, save= and edits=",
+]
+
+
+def sharded_model(model: Any) -> bool:
+    """Whether ``model`` holds a DTensor parameter (tensor parallel, or FSDP2's shards)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is None:
+        return False
+    kind = dtensor.DTensor
+    return any(isinstance(p, kind) for p in model.parameters())
+
+
+def join(model: Any, parts: list) -> list:
+    """The parts of a capture of ``model``: with the sharded gather around the surface's parts
+    when the model is sharded across processes, else the parts as they are."""
+    if not sharded_model(model):
+        return parts
+    head = Sharded(model, parts)
+    return [head, *parts, Resplit(head)] if head.ops or head.modules else [head, *parts]
+
+
+class Sharded(Part):
+    """The leading part of a capture of a model sharded across processes (module docstring)."""
+
+    def __init__(self, model: Any, parts: list):
+        self.model = model
+        edited = [p for p in parts if hasattr(p, "specs")]  # an edit plan
+        self.plan = edited[0] if edited else None
+        self.ops = set(self.plan.ops) if self.plan is not None else ()
+        self.modules = set(self.plan.modules) if self.plan is not None else ()
+        self.state: Any = None
+        self.layouts: dict[int, tuple] = {}  # id of a plain local tensor -> (ref, layout)
+        self.by_index: dict[int, Any] = {}  # op index -> layout (False: sharded, not followed)
+        self.pending: dict[Any, tuple] = {}  # an edited site -> (original, its layout, made_by)
+        self.locals: dict[int, Any] = {}
+        self.communication: dict[int, str] = {}  # op index -> the collective it is
+        self.paused = 0  # > 0 inside FSDP2's hooks
+        self.handles: list = []
+
+    # -- the capture ---------------------------------------------------------------------------
+    def start(self, session: Session) -> None:
+        self.state = session.state
+        self._agree(session)
+        self._fsdp_hooks()
+
+    def lead(self, recorder: Any, session: Session) -> Any:
+        return _Lead(self, recorder)
+
+    def end(self, session: Session) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        if not session.failed:
+            self._whole()
+
+    def finish(self, trace: Any, session: Session) -> None:
+        if session.failed or not (self.by_index or self.locals or self.communication):
+            return
+        from .layout import placements_of
+
+        ops = trace.ops
+        for index, name in self.communication.items():
+            ops[index].meta["communication"] = {"collective": name, "bytes": ops[index].nbytes}
+        for index, layout in self.by_index.items():
+            op = ops[index]
+            if layout is False:
+                op.meta["sharded"] = {"placement": "unknown", "local_shape": op.shape}
+                continue
+            recorded, shape = op.shape, list(layout[3])
+            if _numel(recorded):  # a plain local tensor's record holds its part's bytes
+                op.nbytes = op.nbytes // _numel(recorded) * _numel(shape)
+            op.shape, op.out_shapes = shape, [shape]
+            local_shape = list(shape)
+            if layout[0] == "shard":
+                local_shape[layout[1]] //= layout[2].size()
+            op.meta["sharded"] = {"placement": [str(p) for p in placements_of(layout)],
+                                  "mesh": list(layout[2].shape), "local_shape": local_shape}
+        for index, local in self.locals.items():
+            ops[index]._local = local
+        trace.meta["sharded"] = {"world_size": torch.distributed.get_world_size(),
+                                 "rank": torch.distributed.get_rank(),
+                                 "values": "whole: gathered on every rank when the forward "
+                                           "ended"}
+
+    # -- edits: the whole value before, this rank's part after ---------------------------------
+    def op(self, out: Any, label: str, base: str, pass_num: int, frame: Any, func: str,
+           args: tuple, kwargs: dict, index: int | None, inplace: bool) -> Any:
+        from .layout import infer, whole_of
+
+        layout = None if _is_dtensor(out) else infer(func, args, kwargs, out, self.layout_of)
+        if not _is_dtensor(out) and not layout:
+            return out
+        with DisableTorchFunction():
+            whole = whole_of(out, layout)
+        self.pending[label] = (out, layout, None)
+        return whole
+
+    def module(self, state: Any, address: str, pass_num: int, args: tuple, output: Any) -> Any:
+        from .layout import whole_of
+
+        if not isinstance(output, torch.Tensor):
+            return output
+        layout = None if _is_dtensor(output) else self.layout_of(output)
+        if not _is_dtensor(output) and not layout:
+            return output
+        with DisableTorchFunction():
+            whole = whole_of(output, layout)
+        self.pending[(address, pass_num)] = (output, layout, state.made_by(output))
+        return whole
+
+    def resplit(self, key: Any, value: Any) -> Any:
+        """This rank's part of an edited whole ``value`` at the site ``key``."""
+        from .layout import split
+
+        if key not in self.pending:
+            return value
+        original, layout, made = self.pending.pop(key)
+        with DisableTorchFunction():
+            part = split(value, original, layout)
+        if layout:
+            self.layouts[id(part)] = (weakref.ref(part), layout)
+        if made is not None:
+            self.state.substitute(made[0], made[1], part)
+            if _is_dtensor(part):
+                self.state.register(part._local_tensor, made[0], made[1])
+        return part
+
+    # -- layouts -------------------------------------------------------------------------------
+    def layout_of(self, t: Any) -> Any:
+        """The layout of a plain local tensor, or None."""
+        entry = self.layouts.get(id(t))
+        if entry is None or entry[0]() is not t:
+            return None
+        return entry[1]
+
+    def after(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
+        """Note where the output of a recorded call lies in the whole."""
+        from .layout import infer, of_dtensor
+
+        main = out if isinstance(out, torch.Tensor) else next(
+            (o for o in out if isinstance(o, torch.Tensor)), None) \
+            if isinstance(out, (tuple, list)) else None
+        if main is None:
+            return
+        made = self.state.made_by(main)
+        if made is None:
+            return
+        if _is_dtensor(main):
+            local = main._local_tensor
+            self.state.register(local, made[0], made[1])
+            layout = of_dtensor(main)
+            if layout is not None:
+                self.layouts[id(local)] = (weakref.ref(local), layout)
+                self.by_index.setdefault(made[0], layout)
+            return
+        if name in _COLLECTIVES:  # communication: its value is what every rank holds
+            self.communication[made[0]] = name
+            return
+        layout = infer(name, args, kwargs, main, self.layout_of)
+        if layout is None:
+            return
+        if layout:
+            self.layouts[id(main)] = (weakref.ref(main), layout)
+        if made[1] == 0:
+            self.by_index[made[0]] = layout
+
+    def alias(self, out: Any, source: Any) -> None:
+        """``out`` (plumbing's output) stands for ``source``'s op and lies where it lies."""
+        s = self.state
+        made = s.made_by(source)
+        if made is None and _is_dtensor(source):
+            made = s.made_by(source._local_tensor)
+        if made is not None:
+            s.register(out, made[0], made[1])
+        layout = self.layout_of(source)
+        if layout is not None:
+            self.layouts[id(out)] = (weakref.ref(out), layout)
+
+    def stand_in(self, args: tuple, kwargs: dict) -> None:
+        """A DTensor argument no op returned stands for the op that made its local tensor; its
+        placement says where that op's value lies."""
+        from .layout import of_dtensor
+
+        s = self.state
+        for a in (*args, *kwargs.values()):
+            for t in a if isinstance(a, (tuple, list)) else (a,):
+                if not _is_dtensor(t) or s.made_by(t) is not None or id(t) in s.param_ids:
+                    continue
+                local = t._local_tensor
+                made = s.made_by(local)
+                if made is None:
+                    continue
+                s.register(t, made[0], made[1])
+                layout = of_dtensor(t)
+                if layout is not None and self.layout_of(local) is None:
+                    self.layouts[id(local)] = (weakref.ref(local), layout)
+                    if made[1] == 0 and field_kind(s, made[0]) == "op":
+                        self.by_index[made[0]] = layout
+
+    # -- whole values --------------------------------------------------------------------------
+    def _whole(self) -> None:
+        """Every saved value made whole, in op order, on every rank."""
+        from torch.distributed.tensor import DTensor
+
+        from .layout import placements_of, plain, whole_of
+
+        s = self.state
+        with DisableTorchFunction():
+            for index in sorted(s.values):
+                value = s.values[index]
+                layout = self.by_index.get(index)
+                if isinstance(value, tuple):
+                    new = tuple(whole_of(v, None) if isinstance(v, torch.Tensor) else v
+                                for v in value)
+                elif not isinstance(value, torch.Tensor):
+                    continue
+                elif _is_dtensor(value):
+                    new = whole_of(value, None)
+                    self.locals[index] = value.detach()
+                elif layout:
+                    new = whole_of(value, layout)
+                    self.locals[index] = DTensor.from_local(
+                        value.detach(), layout[2], placements_of(layout), run_check=False,
+                        shape=new.shape, stride=new.stride())
+                elif type(value) is not torch.Tensor:
+                    new = plain(value)
+                else:
+                    continue
+                if s.held is not None:
+                    s.held.forget(index)
+                s.values[index] = new.detach()
+
+    # -- agreement and FSDP2 -------------------------------------------------------------------
+    def _agree(self, session: Session) -> None:
+        """Refuse on every rank when the ranks were asked different captures."""
+        import torch.distributed as dist
+
+        request = session.request
+        mine = repr((request.save if isinstance(request.save, (str, type(None)))
+                     else sorted(request.save),
+                     self.plan.specs() if self.plan is not None else None,
+                     [tuple(t.shape) for t in session.inputs]))
+        everyone: list = [None] * dist.get_world_size()
+        try:
+            dist.all_gather_object(everyone, mine)
+        except (RuntimeError, dist.DistError) as exc:
+            raise CaptureError(f"the ranks could not agree on the capture: {exc}",
+                               code="sharded_rank_failed", teach=_RANK_FAILED_TEACH) from exc
+        if len(set(everyone)) > 1:
+            differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+            raise InputError(
+                f"the ranks were asked different captures (ranks {differ} differ from rank 0 "
+                "in save=, edits= or the input shapes); every rank runs the same capture of a "
+                "sharded model", code="sharded_ranks_disagree",
+                teach=["tl.trace(model, x, save=..., edits=...)  # the same on every rank"])
+
+    def _fsdp_hooks(self) -> None:
+        """FSDP2's all-gathers and reshards run unrecorded; its unsharded parameters keep their
+        names."""
+        fsdp = sys.modules.get("torch.distributed.fsdp")
+        kind = getattr(fsdp, "FSDPModule", None) if fsdp is not None else None
+        if kind is None:
+            return
+        for address, module in self.model.named_modules():
+            if not isinstance(module, kind):
+                continue
+            prefix = f"{address}." if address else ""
+            self.handles += [
+                module.register_forward_pre_hook(self._pause, prepend=True),
+                module.register_forward_pre_hook(_Resume(self, module, prefix)),
+                module.register_forward_hook(self._pause_after, prepend=True),
+                module.register_forward_hook(_Resume(self, None, prefix)),
+            ]
+
+    def _pause(self, module: Any, args: Any) -> None:
+        self.paused += 1
+
+    def _pause_after(self, module: Any, args: Any, output: Any) -> None:
+        self.paused += 1
+
+
+class _Resume:
+    """The hook after FSDP2's own: recording resumes (and, before the forward, the unsharded
+    parameters are known by their names)."""
+
+    def __init__(self, part: Sharded, module: Any, prefix: str):
+        self.part, self.module, self.prefix = part, module, prefix
+
+    def __call__(self, module: Any, args: Any, output: Any = None) -> None:
+        part = self.part
+        part.paused = max(0, part.paused - 1)
+        if self.module is not None:
+            ids = part.state.param_ids
+            for name, p in module.named_parameters():
+                ids.setdefault(id(p), self.prefix + name)
+
+
+class Resplit(Part):
+    """The part after the others at edited sites: this rank's part of the edited whole."""
+
+    def __init__(self, head: Sharded):
+        self.head, self.ops, self.modules = head, head.ops, head.modules
+
+    def op(self, out: Any, label: str, *rest: Any) -> Any:
+        return self.head.resplit(label, out)
+
+    def module(self, state: Any, address: str, pass_num: int, args: tuple, output: Any) -> Any:
+        return self.head.resplit((address, pass_num), output)
+
+
+class _Lead(TorchFunctionMode):
+    """Sees each call of the forward before the recorder (``Sharded``'s docstring)."""
+
+    def __init__(self, part: Sharded, recorder: Any):
+        super().__init__()
+        self.part, self.recorder = part, recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        part = self.part
+        kwargs = kwargs or {}
+        if part.paused:
+            return func(*args, **kwargs)
+        name = func_name(func)
+        if (name == "view_as" and len(args) == 2 and args[0] is args[1]) or (
+                name in _PLUMBING and args):
+            out = func(*args, **kwargs)
+            part.alias(out, args[0])
+            return out
+        part.stand_in(args, kwargs)
+        try:
+            out = self.recorder.__torch_function__(func, types, args, kwargs)
+            if name in _COLLECTIVES and isinstance(out, torch.Tensor):
+                torch.ops._c10d_functional.wait_tensor(out)
+        except torch.distributed.DistError as exc:
+            raise CaptureError(
+                f"a collective of the sharded forward failed ({name}): another rank failed or "
+                f"is not running this capture ({str(exc).splitlines()[0][:200]})",
+                code="sharded_rank_failed", teach=_RANK_FAILED_TEACH) from exc
+        part.after(name, args, kwargs, out)
+        return out
+
+
+def _is_dtensor(t: Any) -> bool:
+    return type(t).__name__ == "DTensor" and isinstance(t, torch.Tensor)
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in shape or ():
+        n *= d or 0
+    return n
+
+
+def field_kind(state: Any, index: int) -> str:
+    """Whether record ``index`` is an op (not an input or output)."""
+    from ..capture.record import field
+
+    return field.kind(state.records[index])
