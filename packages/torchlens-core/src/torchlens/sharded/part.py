@@ -33,6 +33,7 @@ import torch
 from torch._C import DisableTorchFunction
 from torch.overrides import TorchFunctionMode
 
+from ..capture.boundaries import leaves
 from ..capture.naming import func_name
 from ..capture.seam import Part, Session
 from ..errors import CaptureError, InputError
@@ -84,6 +85,7 @@ class Sharded(Part):
         self.communication: dict[int, str] = {}  # op index -> the collective it is
         self.paused = 0  # > 0 inside FSDP2's hooks
         self.handles: list = []
+        self.passing: list = []  # what FSDP2's hooks were given, by producing op
 
     # -- the capture ---------------------------------------------------------------------------
     def start(self, session: Session) -> None:
@@ -121,7 +123,7 @@ class Sharded(Part):
             local_shape = list(shape)
             if layout[0] == "shard":
                 local_shape[layout[1]] //= layout[2].size()
-            op.meta["sharded"] = {"placement": [str(p) for p in placements_of(layout)],
+            op.meta["sharded"] = {"placement": [repr(p) for p in placements_of(layout)],
                                   "mesh": list(layout[2].shape), "local_shape": local_shape}
         for index, local in self.locals.items():
             ops[index]._local = local
@@ -291,7 +293,7 @@ class Sharded(Part):
         everyone: list = [None] * dist.get_world_size()
         try:
             dist.all_gather_object(everyone, mine)
-        except (RuntimeError, dist.DistError) as exc:
+        except RuntimeError as exc:
             raise CaptureError(f"the ranks could not agree on the capture: {exc}",
                                code="sharded_rank_failed", teach=_RANK_FAILED_TEACH) from exc
         if len(set(everyone)) > 1:
@@ -322,23 +324,33 @@ class Sharded(Part):
 
     def _pause(self, module: Any, args: Any) -> None:
         self.paused += 1
+        self.passing.append([self.state.made_by(t) for t in leaves(args, [])])
 
     def _pause_after(self, module: Any, args: Any, output: Any) -> None:
         self.paused += 1
+        self.passing.append([self.state.made_by(t) for t in leaves(output, [])])
 
 
 class _Resume:
-    """The hook after FSDP2's own: recording resumes (and, before the forward, the unsharded
-    parameters are known by their names)."""
+    """The hook after FSDP2's own: recording resumes; the tensors its hook handed on (new
+    autograd nodes of the same values) stand for the ones it was given, and before the
+    forward the unsharded parameters are known by their names."""
 
     def __init__(self, part: Sharded, module: Any, prefix: str):
         self.part, self.module, self.prefix = part, module, prefix
 
     def __call__(self, module: Any, args: Any, output: Any = None) -> None:
         part = self.part
+        state = part.state
         part.paused = max(0, part.paused - 1)
+        given = part.passing.pop() if part.passing else []
+        handed = leaves(args if self.module is not None else output, [])
+        if len(handed) == len(given):
+            for t, made in zip(handed, given):
+                if made is not None and state.made_by(t) is None:
+                    state.register(t, made[0], made[1])
         if self.module is not None:
-            ids = part.state.param_ids
+            ids = state.param_ids
             for name, p in module.named_parameters():
                 ids.setdefault(id(p), self.prefix + name)
 
@@ -369,23 +381,35 @@ class _Lead(TorchFunctionMode):
         if part.paused:
             return func(*args, **kwargs)
         name = func_name(func)
-        if (name == "view_as" and len(args) == 2 and args[0] is args[1]) or (
-                name in _PLUMBING and args):
-            out = func(*args, **kwargs)
-            part.alias(out, args[0])
-            return out
-        part.stand_in(args, kwargs)
         try:
+            if (name == "view_as" and len(args) == 2 and args[0] is args[1]) or (
+                    name in _PLUMBING and args):
+                out = func(*args, **kwargs)
+                part.alias(out, args[0])
+                return out
+            part.stand_in(args, kwargs)
             out = self.recorder.__torch_function__(func, types, args, kwargs)
             if name in _COLLECTIVES and isinstance(out, torch.Tensor):
                 torch.ops._c10d_functional.wait_tensor(out)
-        except torch.distributed.DistError as exc:
+        except RuntimeError as exc:
+            if not communication_failed(exc):
+                raise
             raise CaptureError(
                 f"a collective of the sharded forward failed ({name}): another rank failed or "
                 f"is not running this capture ({str(exc).splitlines()[0][:200]})",
                 code="sharded_rank_failed", teach=_RANK_FAILED_TEACH) from exc
         part.after(name, args, kwargs, out)
         return out
+
+
+_COMM_WORDS = ("gloo", "nccl", "Connection closed", "timed out", "Timed out", "Timeout")
+
+
+def communication_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective's failure (a peer gone, a timeout), not the model's."""
+    dist_error = getattr(torch.distributed, "DistError", None)
+    return (dist_error is not None and isinstance(exc, dist_error)) or any(
+        word in str(exc) for word in _COMM_WORDS)
 
 
 def _is_dtensor(t: Any) -> bool:

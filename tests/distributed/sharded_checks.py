@@ -1,0 +1,230 @@
+"""The checks of a model sharded across two processes, run under torchrun (gloo, CPU) by
+tests/distributed/test_sharded.py: each rank writes what it saw to ``<out>/rank<r>.json``, every
+value compared here with the unsharded model built from the same seed.
+
+``python -m torch.distributed.run --nproc-per-node 2 -m tests.distributed.sharded_checks OUT
+GROUP``; GROUP ``models`` (tensor parallel MLP and Llama, FSDP2) or ``failures`` (ranks asked
+different captures, a rank failing mid-forward).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import torchlens as tl
+
+
+class MLP(nn.Module):
+    """The issue's model: ``up`` column-parallel, ``down`` row-parallel."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+def mlp_pair() -> tuple[nn.Module, nn.Module]:
+    """(the unsharded MLP, the same weights sharded by the issue's plan)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    ref = MLP()
+    model = MLP()
+    model.load_state_dict(ref.state_dict())
+    parallelize_module(model, init_device_mesh("cpu", (2,)),
+                       {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    return ref, model
+
+
+def same(a: tl.Trace, b: tl.Trace) -> dict:
+    """How a sharded trace compares with the unsharded one, op by op (collectives aside)."""
+    ops = [op for op in a.ops if "communication" not in op.meta]
+    values = [op.label for op, ref in zip(ops, b.ops) if op.saved and not (
+        type(op.out) is torch.Tensor and torch.allclose(op.out, ref.out, atol=1e-5))]
+    return {"labels": [op.label for op in ops] == [op.label for op in b.ops],
+            "shapes": [op.shape for op in ops] == [op.shape for op in b.ops],
+            "values_differ": values, "ops": len(ops),
+            "collectives": [op.label for op in a.ops if "communication" in op.meta],
+            "params": sum(p["numel"] for p in a.params.values()),
+            "ref_params": sum(p["numel"] for p in b.params.values())}
+
+
+def check_tp(out: dict) -> None:
+    ref, model = mlp_pair()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    t, u = tl.trace(model, x), tl.trace(ref, x)
+    out["tp"] = same(t, u)
+    local = t["relu_1"].local
+    out["tp"]["local"] = [type(local).__name__, [repr(p) for p in local.placements],
+                          list(local.to_local().shape), list(local.device_mesh.shape)]
+    out["tp"]["meta"] = t["linear_1"].meta["sharded"]
+    out["tp"]["module_out"] = t.modules["up"].calls[0].output_ops
+    out["tp"]["summary"] = str(tl.summary(model, x))
+    if dist.get_rank() == 0:
+        t.save(Path(sys.argv[1]) / "tp.trace")  # rank 0 writes the whole values
+    edits = {
+        "zero_module_index": {"up": tl.edits.zero(index=(slice(None), slice(0, 4)))},
+        "zero_op_across_shards": {"relu_1": tl.edits.zero(index=(slice(None), slice(14, 20)))},
+        "replace_module": {"up": tl.edits.replace(torch.linspace(-1, 1, 128).reshape(4, 32))},
+        "add_partial_sum": {"linear_2": tl.edits.add(torch.arange(8.0))},
+        "add_module_after_reduce": {"down": tl.edits.add(torch.arange(8.0))},
+    }
+    out["edits"] = {}
+    for name, edit in edits.items():
+        te, ue = tl.trace(model, x, edits=edit), tl.trace(ref, x, edits=edit)
+        with torch.no_grad():
+            forward = model(x)  # the edit is gone: the model runs as before
+        out["edits"][name] = {
+            "output": torch.allclose(te.ops[-1].out, ue.ops[-1].out, atol=1e-5),
+            "site_value": torch.allclose(te[edit_site(te, edit)].out,
+                                         ue[edit_site(ue, edit)].out, atol=1e-5),
+            "norm": [te.edits[0]["norm"], ue.edits[0]["norm"]],
+            "model_restored": torch.allclose(forward, ref(x), atol=1e-5)}
+
+
+def edit_site(trace: tl.Trace, edit: dict) -> str:
+    site = next(iter(edit))
+    return trace.modules[site].calls[0].output_ops[0] if site in trace.modules else site
+
+
+def check_llama(out: dict) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval()
+    model.load_state_dict(ref.state_dict())
+    plan = {}
+    for i in range(config.num_hidden_layers):
+        block = f"model.layers.{i}"
+        plan.update({f"{block}.self_attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj",
+                                                                           "v_proj")})
+        plan.update({f"{block}.mlp.{n}": ColwiseParallel() for n in ("gate_proj", "up_proj")})
+        plan[f"{block}.self_attn.o_proj"] = RowwiseParallel()
+        plan[f"{block}.mlp.down_proj"] = RowwiseParallel()
+    parallelize_module(model, init_device_mesh("cpu", (2,)), plan)
+    ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(2))
+    out["llama"] = same(tl.trace(model, ids), tl.trace(ref, ids))
+    edit = {"model.layers.0.self_attn.q_proj": tl.edits.zero(
+        index=(slice(None), slice(None), slice(8, 40)))}  # across the two ranks' heads
+    te, ue = tl.trace(model, ids, edits=edit), tl.trace(ref, ids, edits=edit)
+    out["llama"]["edit"] = torch.allclose(te.ops[-1].out, ue.ops[-1].out, atol=1e-5)
+
+
+def check_fsdp(out: dict) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    ref = MLP()
+    model = MLP()
+    model.load_state_dict(ref.state_dict())
+    for module in (model.up, model.down, model):
+        fully_shard(module)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    t, u = tl.trace(model, x, save_grads="all"), tl.trace(ref, x, save_grads="all")
+    out["fsdp"] = same(t, u)
+    out["fsdp"]["parents"] = [op.parents for op in t.ops] == [op.parents for op in u.ops]
+    out["fsdp"]["advisories"] = t.annotations["capture_advisories"]
+    t.backward(lambda output: output.sum())
+    u.backward(lambda output: output.sum())
+    out["fsdp"]["grads_differ"] = [op.label for op in u.ops if op.kind == "op" and not
+                                   torch.allclose(t[op.label].grad, u[op.label].grad,
+                                                  atol=1e-5)]
+
+
+def refusal(fn) -> dict:
+    """What ``fn`` raised: its TorchLens code, or the error's type and first line."""
+    try:
+        fn()
+    except tl.TorchLensError as exc:
+        return {"code": exc.code, "teach": exc.teach}
+    except Exception as exc:  # noqa: BLE001 - reported to the test, which names what it wants
+        return {"error": type(exc).__name__, "message": str(exc).splitlines()[0][:300]}
+    return {"code": None}
+
+
+class Failing(MLP):
+    """An MLP whose forward raises on rank 1 between the two sharded layers, when told to."""
+
+    fail = False
+
+    def forward(self, x):
+        h = torch.relu(self.up(x))
+        if self.fail and dist.get_rank() == 1:
+            raise ValueError("rank 1's forward failed")
+        return self.down(h)
+
+
+def check_failures(out: dict) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    ref, model = mlp_pair()
+    x = torch.randn(4, 8)
+    rank = dist.get_rank()
+    # edits that differ between the ranks: refused on both, before the forward
+    edits = {"up": tl.edits.zero(index=(slice(None), slice(0, 4 + rank)))}
+    out["disagree"] = refusal(lambda: tl.trace(model, x, edits=edits))
+    out["disagree_save"] = refusal(lambda: tl.trace(model, x, save=["relu_1"] if rank else
+                                                    ["linear_1"]))
+    out["after_disagree"] = same(tl.trace(model, x), tl.trace(ref, x))["values_differ"] == []
+    torch.manual_seed(0)
+    failing = Failing()
+    parallelize_module(failing, init_device_mesh("cpu", (2,)),
+                       {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    before = {k: v.to_local().clone() for k, v in failing.state_dict().items()}
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in failing.modules())
+    failing.fail = True
+    out["failed"] = refusal(lambda: tl.trace(failing, x))
+    out["failed_model_kept"] = all(torch.equal(before[k], v.to_local()) for k, v in
+                                   failing.state_dict().items()) and hooks == sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) for m in failing.modules())
+
+
+def main() -> None:
+    folder, group = Path(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    out: dict = {}
+    try:
+        for check in ([check_tp, check_llama, check_fsdp] if group == "models"
+                      else [check_failures]):
+            check(out)
+    except Exception:  # noqa: BLE001 - the test shows it
+        out["crash"] = traceback.format_exc()
+    (folder / f"{group}.rank{dist.get_rank()}.json").write_text(json.dumps(out, default=str))
+    sys.stdout.flush()
+    if group == "failures":
+        os._exit(0)  # a rank whose peer failed has no process group to close
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
