@@ -128,6 +128,11 @@ CODES: dict[str, str] = {
     "transformer_hint_disagrees": "a plugin's transformer hint contradicts the traced graph",
     "transformer_needs_model": "tl.transformer on a trace that holds no live model (a loaded "
                                "one)",
+    "site_not_compilable": "compile=: a site whose value the compiled graph cannot give as the "
+                           "eager capture does (a drifted op count, a part that needs every op)",
+    "compile_recompile_limit": "compile=: the forward recompiled past the limit (its input "
+                               "shapes or Python values keep changing)",
+    "compile_failed": "compile=: torch.compile raised while compiling the forward with its taps",
     "drawing_too_large": "a static drawing too large for dot to lay out in seconds (refused "
                          "before layout)",
 }

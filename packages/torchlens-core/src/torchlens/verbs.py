@@ -25,6 +25,7 @@ from .capture.entry import (
 from .capture.inference import outside_inference_mode
 from .capture.policy import pinned, state_fingerprints, state_hash
 from .capture.seam import CaptureRequest
+from .compiling import compile_options, compiled_trace, refuse_compiled_trace
 from .edits.plan import EditPlan, plan_edits
 from .edits.push import TemplateKeeper
 from .errors import InputTypeError, StateError, TorchLensError, warn
@@ -61,7 +62,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
           input_shape: Any = None, save: Any = "all", intervention_ready: bool = False,
           tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
           labels: Any = None, edits: Any = None, allow_unfired: bool = False,
-          save_grads: Any = None, grad_edits: Any = None) -> Trace:
+          save_grads: Any = None, grad_edits: Any = None, compile: Any = False) -> Trace:
     """Record every op of ``model``'s forward on a real input, a declared shape, or nothing.
 
     ``input`` is a tensor, a tuple of positional args, a mapping of forward keywords, or anything
@@ -73,7 +74,14 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     ``trace.run``) and, with ``save="all"``, each op's call, for ``trace.push(edits)``.
     ``save_grads=`` ("all" or sites, as ``save=``) notes where gradients will be read, for
     ``trace.backward(target)``; ``grad_edits={site: edit}`` change the gradient there.
+    ``compile=True`` (or torch.compile's keywords, as ``tl.record``'s) runs the forward
+    compiled, the ``save=`` sites' values and the edits inside the compiled graph, on the graph
+    of one eager capture of the same input signature (kept); ``trace.meta["compiled"]`` says
+    how it compiled and how far each site is from the eager value.
     """
+    compiling = compile_options(compile, model, "trace") if compile else None
+    if compiling is not None:
+        model = refuse_compiled_trace(model, save, save_grads, intervention_ready)
     inv = checked_inventory(model, "trace")
     # transformer names are bound below, once the input is resolved
     names = has_names(save, edits, inv) or has_names(save_grads, grad_edits, inv)
@@ -106,7 +114,11 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         plan = plan_edits(edits, inv, model, allow_unfired, "trace", named=sites)
         grads = plan_grads(grad_save, grad_edits, inv, model, named=grad_sites)
         named = Names.of(named, grad_named)
-    if grads is not None:  # a capture of its own, in the caller's grad mode
+    if compiling is not None:
+        with forward_errors(res, "trace"):
+            result = compiled_trace(model, res.args, res.kwargs, save,
+                                    _parts(model, plan, named), compiling, inv)
+    elif grads is not None:  # a capture of its own, in the caller's grad mode
         args, kwargs = needing_grad(res.args, res.kwargs)
         with forward_errors(res, "trace"):
             result = capture(CaptureRequest(model, args, kwargs, save=save,

@@ -296,14 +296,20 @@ def _capture_light(request: CaptureRequest, parts: list) -> Trace:
         _plug(state, seam)
     if ends:  # numbered as the full trace numbers them, the inputs before the forward runs
         _keep_ends(state, "input", session.inputs, ends)
-    handles = install_boundaries(inv.modules, state, session.calls, save_modules, seam)
+    runner = next((p for p in parts if p.runs), None)
+    handles = [] if runner is not None else \
+        install_boundaries(inv.modules, state, session.calls, save_modules, seam)
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     try:
-        counting = LightRecorder(state) if save_labels or state.seam is not None else \
-            contextlib.nullcontext()
-        with quiet_hooks(model, inv.hooked, state), eager(), counting:
-            out = model(*args, **kwargs)
+        if runner is not None:
+            out = runner.run(session, combine([p for p in parts if p is not runner]))
+            state.light.update(session.values)
+        else:
+            counting = LightRecorder(state) if save_labels or state.seam is not None else \
+                contextlib.nullcontext()
+            with quiet_hooks(model, inv.hooked, state), eager(), counting:
+                out = model(*args, **kwargs)
         if ends:
             _keep_ends(state, "output", leaves(out, []), ends)
     finally:
@@ -314,10 +320,12 @@ def _capture_light(request: CaptureRequest, parts: list) -> Trace:
     session.output, session.values = out, state.light
     for part in parts:
         part.end(session)
-    result = Trace([], {}, {}, {}, {"type": "value", "repr": None},
-                   {"schema_version": SCHEMA_VERSION, "model_class": type(model).__name__,
-                    "light": True, "capture_ns": session.capture_ns},
-                   provenance=request.provenance)
+    result = runner.trace(session) if runner is not None else None
+    if result is None:
+        result = Trace([], {}, {}, {}, {"type": "value", "repr": None},
+                       {"schema_version": SCHEMA_VERSION, "model_class": type(model).__name__,
+                        "light": True, "capture_ns": session.capture_ns},
+                       provenance=request.provenance)
     if request.keep_output:
         result._objects["forward_output"] = out
     for part in parts:

@@ -11,7 +11,7 @@ For one capture, ``engine.capture(request, parts)`` does::
     session = Session(request, state, inputs)    # the inputs are recorded first
     for part in parts: part.start(session)
     mode = leader.lead(recorder, session) or recorder   # at most one part leads
-    with mode:                                   # the forward runs
+    with mode:                                   # the forward runs (or a runner runs it)
         ... out = part.op(out, label, base, pass_num, frame, func, args, kwargs, index, inplace)
         ... output = part.module(state, address, pass_num, args, output)
     for part in parts: part.end(session)         # session.failed says how it ended
@@ -30,6 +30,12 @@ decision read), ``"output"`` (the forward's live output, on ``session.output``).
 kept with ``session.kept()``. A ``light`` part (``taps.Taps``) asks for a light capture: no op
 records, only the values of ``request.save`` kept (``session.values``), and a Trace with no
 ops.
+
+A light capture's part may run the forward itself (``runs``; the compiled taps do, through
+``torch.compile``): then no recorder and no module frame is installed; ``run(session)``
+returns what the forward returned and leaves the kept values on ``session.values``, calling
+the other parts' ``op`` and ``module`` as the recorder would (``Seams``); its ``trace`` may
+give the capture's Trace.
 
 A part that leads (``lead`` returns a torch function mode) sees every torch call of the
 forward first, and hands the calls it does not keep to the recorder it was given
@@ -129,6 +135,7 @@ class Part:
     modules: Any = ()  # module addresses whose calls ``module`` is called for
     needs: frozenset[str] = frozenset()
     light = False  # a light capture's part: the capture keeps no records, only its values
+    runs = False  # a light capture's part that runs the forward itself (``run``)
 
     def start(self, session: Session) -> None:
         """Before the forward runs (its inputs are recorded)."""
@@ -147,12 +154,17 @@ class Part:
         """As a call of a module of ``modules`` returns: its output (or one to use instead)."""
         return output
 
+    def run(self, session: Session, seam: Any) -> Any:
+        """A runner's forward (``runs``): the model's output, with ``seam`` (the other parts'
+        ``op`` and ``module``, or None) called where the recorder would call it."""
+        raise NotImplementedError
+
     def end(self, session: Session) -> None:
         """The forward is over (``session.failed`` when it raised); no record is read yet."""
 
     def trace(self, session: Session) -> Any:
-        """A leading part's own Trace of the capture, or None: the one built from the
-        records."""
+        """A leading part's (or a runner's) own Trace of the capture, or None: the one built
+        from the records."""
         return None
 
     def finish(self, trace: Any, session: Session) -> None:

@@ -24,6 +24,7 @@ from ..capture.inventory import Inventory, inventory
 from ..capture.meta import refuse_values
 from ..capture.seam import CaptureRequest
 from ..capture.taps import Taps
+from ..compiling import CompiledRun, compile_options
 from ..errors import InputError
 from ..sites import expand_globs, name_of, transformer_name
 from . import distributed
@@ -121,8 +122,8 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
            reduce: Any = None, batch_size: int = 1,
            overwrite: bool = False, progress: bool | None = None, shard_bytes: int = SHARD_BYTES,
            tokenizer: Any = None, processor: Any = None, preprocess: Any = None,
-           edits: Any = None, generate: Mapping[str, Any] | None = None
-           ) -> Recording | StoredRecording:
+           edits: Any = None, generate: Mapping[str, Any] | None = None,
+           compile: Any = None) -> Recording | StoredRecording:
     """Record the ``save=`` ops' activations over one input or an iterable of inputs (a
     DataLoader, a list of prompts tokenized ``batch_size`` at a time).
 
@@ -136,11 +137,24 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     (torchlens-hf; prompts, ``batch_size=1``): per prompt one row per token, the prompt's and
     each generated token fed back, with ``generate.step`` (the step that computed it) and
     ``generate.token`` (its id) recorded beside the labels.
+    ``compile=True`` (or a mapping of torch.compile's ``backend``, ``mode``, ``dynamic``,
+    ``options``, ``fullgraph``, and ``recompile_limit``) records through ``torch.compile``, the
+    selected values kept inside the compiled graph; a model already compiled records compiled
+    unless ``compile=False``. The first forward is compared with an eager capture (each site's
+    largest difference in the manifest's ``compiled`` or ``recording.compiled``).
     """
     from ..capture.entry import checked_inventory
     from ..edits.plan import plan_edits
 
     _check_options(save, reduce, dtype, to, batch_size)
+    compiling = compile_options(compile, model, "record")
+    if compiling is not None:
+        if generate is not None:
+            raise InputError("compile= records single forwards; a generation's steps run "
+                             "eagerly", code="option_invalid",
+                             teach=["tl.record(lm, prompts, save=[...], generate={...}, "
+                                    "compile=False)"])
+        model = getattr(model, "_orig_mod", model)  # compiled here, by the call's own compile
     inv = checked_inventory(model, "record")
     refuse_values(model, "record", "recorded activations", inv)
     save = expand_globs(list(save), [address for address, _ in inv.modules])
@@ -159,15 +173,20 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     options = {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess}
     if progress is None:
         progress = sys.stderr.isatty()
-    if to is None:
-        return _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size,
-                                 progress, options, first_inv, plan, gen)
-    items, first = _peek(items)
-    if gen is None:  # a generation's labels are checked by its first step
-        _check_labels(model, first, save, options, prompts, inv)
-    return _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size,
-                            progress, options, Path(to), overwrite, shard_bytes, presplit, plan,
-                            gen)
+    run = CompiledRun(model, compiling, "record", inv) if compiling is not None else None
+    try:
+        if to is None:
+            return _record_in_memory(model, items, total, prompts, save, reduce, dtype,
+                                     batch_size, progress, options, first_inv, plan, gen, run)
+        items, first = _peek(items)
+        if gen is None:  # a generation's labels are checked by its first step
+            _check_labels(model, first, save, options, prompts, inv)
+        return _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size,
+                                progress, options, Path(to), overwrite, shard_bytes, presplit,
+                                plan, gen, run)
+    finally:
+        if run is not None:
+            run.close()
 
 
 def _peek(items: Iterable) -> tuple[Iterable, Any]:
@@ -196,18 +215,23 @@ def _resolve(model: nn.Module, value: Any, options: dict, inv: Inventory | None)
 
 
 def _capture(model: nn.Module, res, save: list[str], keeper: Keeper, plan: Any = None,
-             inv: Inventory | None = None) -> dict[str, Any]:
+             inv: Inventory | None = None, run: CompiledRun | None = None) -> dict[str, Any]:
     """One light capture; recording needs no autograd graph, so none is built. Transformer
-    names among ``save`` are bound to this input's graph (``anatomy.NameTaps``)."""
+    names among ``save`` are bound to this input's graph (``anatomy.NameTaps``); ``run``
+    runs it compiled."""
     inv = inv or res.inventory or inventory(model)
     names = NameTaps(model, res.args, res.kwargs, inv, save) if has_names(save, None, inv) \
         else None
     with torch.no_grad():
         taps = Taps(keep=keeper if names is None else names.keep(keeper))
-        capture(CaptureRequest(model, res.args, res.kwargs,
-                               save=save if names is None else names.save,
+        kept = save if names is None else names.save
+        parts = [p for p in (plan, names and names.part) if p is not None]
+        runner = run.part(res.args, res.kwargs, kept, parts) if run is not None else None
+        capture(CaptureRequest(model, res.args, res.kwargs, save=kept,
                                inventory=res.inventory),
-                [p for p in (plan, names and names.part, taps) if p is not None])
+                [*parts, taps] + ([runner] if runner is not None else []))
+        if runner is not None:
+            run.checked(runner)
         return taps.values if names is None else names.values(taps.values, keeper)
 
 
@@ -228,8 +252,8 @@ def _bar(progress: bool, total: int | None):
 
 
 def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
-                      options, inv: Inventory | None, plan: Any = None, gen: Any = None
-                      ) -> Recording:
+                      options, inv: Inventory | None, plan: Any = None, gen: Any = None,
+                      run: CompiledRun | None = None) -> Recording:
     bar = _bar(progress, total)
     batches: list[dict[str, Any]] = []
     provenance: list[dict] = []
@@ -237,23 +261,33 @@ def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_s
     try:
         for _, count, res, _, values in _captured(model, items, 0, batch_size, prompts, save,
                                                   reduce, dtype, options, as_rows=False,
-                                                  inv=inv, plan=plan, gen=gen):
+                                                  inv=inv, plan=plan, gen=gen, run=run):
             if not batches:
                 labels = list(values)
             provenance.append(res.provenance if plan is None else
                               dict(res.provenance, edits=plan.specs()))
             batches.append(values)
             if bar is not None:
+                _compiled_postfix(bar, run)
                 bar.update(count)
     finally:
         if bar is not None:
             bar.close()
-    return Recording(labels, batches, provenance)
+    recording = Recording(labels, batches, provenance)
+    recording.compiled = run.describe() if run is not None else None
+    return recording
+
+
+def _compiled_postfix(bar: Any, run: CompiledRun | None) -> None:
+    """The first forward's compile time, apart from the throughput the bar shows."""
+    if run is not None and run.compiler.calls == 1:
+        bar.set_postfix_str(f"compiled in {run.compiler.compile_s:.1f} s", refresh=False)
 
 
 def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
                      options, folder: Path, overwrite: bool, shard_bytes: int,
-                     presplit: bool, plan: Any = None, gen: Any = None) -> StoredRecording:
+                     presplit: bool, plan: Any = None, gen: Any = None,
+                     run: CompiledRun | None = None) -> StoredRecording:
     ranks = distributed.join(model)
     if presplit and total is not None:
         total *= ranks.world
@@ -266,6 +300,9 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
             store_options["edits"] = plan.specs()
         if gen is not None:
             store_options["generate"] = gen.describe()
+        if run is not None:
+            store_options["compile"] = {"backend": run.compiler.backend,
+                                        "mode": run.compiler.mode}
         head = header(model, save, store_options, ranks.world)
         resume = prepare(folder, head, ranks.rank, overwrite)
         distributed.barrier(ranks)  # rank 0 has cleared the folder when asked to
@@ -276,7 +313,7 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
             bar.update(writer.items_done * ranks.world)
         try:
             _fill(model, writer, mine, prompts, save, reduce, dtype, batch_size, options, ranks,
-                  bar, plan, gen)
+                  bar, plan, gen, run)
         except BaseException:
             writer.abandon()  # whole inputs recorded so far are kept
             raise
@@ -295,7 +332,8 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
 
 
 def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, options, *,
-              as_rows: bool, inv: Inventory | None = None, plan: Any = None, gen: Any = None
+              as_rows: bool, inv: Inventory | None = None, plan: Any = None, gen: Any = None,
+              run: CompiledRun | None = None
               ) -> Iterator[tuple[int, int, Any, int, dict[str, Any]]]:
     """One light capture a forward, after the first ``skip`` inputs: (first input's local
     index, inputs it covered, the resolution, its rows, the kept values). ``inv``: the model's
@@ -311,7 +349,7 @@ def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, opti
         inv = None
         n_rows, mask = batch_rows(res.args, res.kwargs)
         values = _capture(model, res, save, Keeper(save, reduce, dtype, mask, as_rows=as_rows),
-                          plan)
+                          plan, run=run)
         if first:
             _missing(values, save)
             first = False
@@ -319,16 +357,19 @@ def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, opti
 
 
 def _fill(model, writer: ShardWriter, mine, prompts, save, reduce, dtype, batch_size, options,
-          ranks, bar, plan: Any = None, gen: Any = None) -> None:
+          ranks, bar, plan: Any = None, gen: Any = None, run: CompiledRun | None = None) -> None:
     for k, count, res, n_rows, values in _captured(model, mine, writer.items_done, batch_size,
                                                    prompts, save, reduce, dtype, options,
-                                                   as_rows=True, plan=plan, gen=gen):
+                                                   as_rows=True, plan=plan, gen=gen, run=run):
         writer.note_provenance(res.provenance, count)
         writer.add(k * ranks.world + ranks.rank, values, [1] * count if prompts else [n_rows])
+        if run is not None:
+            writer.part["compiled"] = run.describe()
         if bar is not None:
             bar.update(count * ranks.world)
+            compiled = f", compiled in {run.compiler.compile_s:.1f} s" if run is not None else ""
             bar.set_postfix_str(f"{writer.rows_seen} rows, "
-                                f"{writer.bytes_written / 1e6:.1f} MB", refresh=False)
+                                f"{writer.bytes_written / 1e6:.1f} MB{compiled}", refresh=False)
 
 
 __all__ = ["record", "RecordingError"]
