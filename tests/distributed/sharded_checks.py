@@ -76,6 +76,12 @@ def check_tp(out: dict) -> None:
     out["tp"]["meta"] = t["linear_1"].meta["sharded"]
     out["tp"]["module_out"] = t.modules["up"].calls[0].output_ops
     out["tp"]["summary"] = str(tl.summary(model, x))
+    tg, ug = tl.trace(model, x, save_grads="all"), tl.trace(ref, x, save_grads="all")
+    tg.backward(lambda output: output.sum())
+    ug.backward(lambda output: output.sum())
+    out["tp"]["grads_differ"] = [op.label for op in ug.ops if op.kind == "op" and not (
+        type(tg[op.label].grad) is torch.Tensor and
+        torch.allclose(tg[op.label].grad, op.grad, atol=1e-5))]
     if dist.get_rank() == 0:
         t.save(Path(sys.argv[1]) / "tp.trace")  # rank 0 writes the whole values
     edits = {

@@ -47,7 +47,7 @@ def test_tensor_parallel_values_read_whole_on_every_rank(models):
         assert tp["collectives"] == ["all_reduce_1"] and tp["params"] == 552
         assert tp["local"] == ["DTensor", ["Shard(dim=1)"], [4, 16], [2]]
         assert tp["meta"] == {"placement": ["Shard(dim=1)"], "mesh": [2], "local_shape": [4, 16]}
-        assert tp["module_out"] == ["linear_1"]
+        assert tp["module_out"] == ["linear_1"] and tp["grads_differ"] == []
         row = next(line for line in tp["summary"].splitlines() if line.startswith("up "))
         assert "4×32" in row and "288" in row
 

@@ -142,6 +142,8 @@ def run_backward(trace: Any, target: Any = None, *, retain_graph: bool = False,
     for index in state.observer.slots:
         if index not in values:  # none of its tensors needs a gradient (integers, constants)
             trace.ops[index]._grad = NO_GRAD
+    for settle in trace._objects.get("grad_settlers", ()):  # e.g. a sharded model's gather
+        settle(trace)  # of each gradient whole, on every rank
     for op in trace.outputs:  # an output node is its producer's tensor: the same gradient
         if op.parents and trace[op.parents[0]]._grad is not None:
             op._grad = trace[op.parents[0]]._grad

@@ -127,6 +127,8 @@ class Sharded(Part):
                                   "mesh": list(layout[2].shape), "local_shape": local_shape}
         for index, local in self.locals.items():
             ops[index]._local = local
+        trace._objects.setdefault("grad_settlers", []).append(
+            _WholeGrads(dict(self.by_index)))
         trace.meta["sharded"] = {"world_size": torch.distributed.get_world_size(),
                                  "rank": torch.distributed.get_rank(),
                                  "values": "whole: gathered on every rank when the forward "
@@ -353,6 +355,26 @@ class _Resume:
             ids = state.param_ids
             for name, p in module.named_parameters():
                 ids.setdefault(id(p), self.prefix + name)
+
+
+class _WholeGrads:
+    """After ``trace.backward`` (every rank runs it, so every rank gathers the same gradients
+    in the same order): each sharded op's gradient whole, as ``op.grad`` reads it."""
+
+    def __init__(self, by_index: dict):
+        self.by_index = by_index
+
+    def __call__(self, trace: Any) -> None:
+        from .layout import whole_of
+
+        with DisableTorchFunction():
+            for op in trace.ops:
+                grad = op._grad
+                if not isinstance(grad, torch.Tensor):
+                    continue
+                layout = self.by_index.get(op.index)
+                if _is_dtensor(grad) or layout:
+                    op._grad = whole_of(grad, layout or None).detach()
 
 
 class Resplit(Part):
