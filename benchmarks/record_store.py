@@ -12,7 +12,10 @@ Every figure is measured in one invocation (``hatch run bench:record``) and writ
   ``--rounds`` runs each, alternating; the plain forward loop split the same way beside it, as
   the ceiling two processes reach on this machine;
 - reading: open a store of 1,048,576 rows, then stream it with ``rec.batches`` from the page
-  cache, in order and shuffled.
+  cache, in order and shuffled;
+- compiled: GPT-2 (12 layers) and a ViT-Base from configs, in memory: the plain eager loop, the
+  plain ``torch.compile`` loop, ``tl.record`` eager and ``tl.record(compile=True)``, inputs/s
+  after the first forward (each compiled run's first forward, compiling included, apart).
 """
 
 from __future__ import annotations
@@ -130,6 +133,88 @@ def throughput(args) -> dict:
             "inputs_per_s": {k: args.prompts / v for k, v in best.items()},
             "record_vs_plain": best["plain"] / best["record"],
             "record_vs_hooks": best["hooks"] / best["record"]}
+
+
+def vit(seed: int = 0):
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(seed)
+    return ViTModel(ViTConfig(), add_pooling_layer=False).eval()
+
+
+def images(n: int, batch: int = 8) -> list[dict]:
+    gen = torch.Generator().manual_seed(2)
+    return [{"pixel_values": torch.randn(min(batch, n - s), 3, 224, 224, generator=gen)}
+            for s in range(0, n, batch)]
+
+
+def _timed_loop(call, batches, compiled: bool) -> tuple[float, int, float]:
+    """(first forward's seconds, inputs timed, their seconds): a compiled loop's first forward
+    (compiling) apart, an eager loop's counted."""
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        call(batches[0])
+        t1 = time.perf_counter()
+        for batch in batches[1:]:
+            call(batch)
+        end = time.perf_counter()
+    rest = batches[1:] if compiled else batches
+    return t1 - t0, _count(rest), end - (t1 if compiled else t0)
+
+
+def _count(batches) -> int:
+    return sum(len(next(iter(b.values()))) for b in batches)
+
+
+def _timed_record(model, batches, labels, compile: bool) -> tuple[float, int, float, dict]:
+    """As ``_timed_loop``, for one tl.record call: compiled, its one-time work (placing the
+    sites by one eager capture, the first forward with compiling) apart."""
+    import torchlens as tl
+
+    t0 = time.perf_counter()
+    rec = tl.record(model, batches, save=labels, progress=False, compile=compile)
+    total = time.perf_counter() - t0
+    if not compile:
+        return 0.0, _count(batches), total, {}
+    facts = rec.compiled
+    first = facts["first_forward_s"] + facts["place_s"]
+    return first, _count(batches[1:]), total - first, facts
+
+
+def _compiled_case(model, batches, labels, rounds: int) -> dict:
+    """The four loops, interleaved ``rounds`` times, over the same model and batches."""
+    plain_compiled = torch.compile(model)
+    methods = {
+        "eager": lambda: _timed_loop(lambda b: model(**b), batches, False),
+        "compiled": lambda: _timed_loop(lambda b: plain_compiled(**b), batches, True),
+        "record": lambda: _timed_record(model, batches, labels, False)[:3],
+        "record_compiled": lambda: _timed_record(model, batches, labels, True)}
+    rows: dict[str, list] = {k: [] for k in methods}
+    counts: dict[str, int] = {}
+    firsts: dict[str, float] = {}
+    facts: dict = {}
+    for _ in range(rounds):
+        for method, run in methods.items():
+            first, counts[method], rest, *more = run()
+            if method in ("compiled", "record_compiled"):
+                firsts.setdefault(method, first)
+            if more:
+                facts = more[0]
+            rows[method].append(rest)
+    ips = {k: counts[k] / min(v) for k, v in rows.items()}
+    return {"labels": labels, "inputs": counts, "seconds": rows, "inputs_per_s": ips,
+            "first_forward_s": firsts, "facts": facts,
+            "record_compiled_vs_compiled": ips["record_compiled"] / ips["compiled"],
+            "compile_gain_plain": ips["compiled"] / ips["eager"],
+            "compile_gain_record": ips["record_compiled"] / ips["record"]}
+
+
+def compiled(args) -> dict:
+    gpt = gpt2()
+    return {"gpt2": _compiled_case(gpt, prompts(args.compiled_inputs), labels_for(gpt),
+                                   args.rounds),
+            "vit": _compiled_case(vit(), images(args.compiled_inputs // 4),
+                                  [f"encoder.layer.{i}" for i in (2, 5, 8, 11)], args.rounds)}
 
 
 def _child(argv: list[str], threads: int | None = None) -> dict:
@@ -313,6 +398,25 @@ def markdown(res: dict) -> str:
                   "hook loop's: " + "; ".join(
                       f"{p:.1f} / {h:.1f} / {r:.1f} ({r / h:.2f})"
                       for p, h, r in zip(sec["plain"], sec["hooks"], sec["record"])) + ".", ""]
+    if "compiled" in res:
+        for name, c in res["compiled"].items():
+            what = "GPT-2 (12 layers, 768 wide), prompts of 32 tokens, 32 a forward" \
+                if name == "gpt2" else "ViT-Base (12 layers, 224x224), 8 images a forward"
+            ips = c["inputs_per_s"]
+            lines += [f"Compiled recording, {what}; in memory, sites {', '.join(c['labels'])}; "
+                      f"{c['inputs']['eager']} inputs (the compiled rows: those after the "
+                      f"first forward), best of {len(c['seconds']['eager'])} interleaved "
+                      "rounds. First forward, compiling included, apart: plain torch.compile "
+                      f"{c['first_forward_s']['compiled']:.1f} s, tl.record(compile=True) "
+                      f"{c['first_forward_s']['record_compiled']:.1f} s (with the one eager "
+                      "capture that places the sites; each call compiles its own graph, from "
+                      "inductor's cache after the first).", "",
+                      "| method | inputs/s |", "|---|---:|",
+                      f"| plain no-grad eager loop | {ips['eager']:.1f} |",
+                      f"| plain torch.compile loop | {ips['compiled']:.1f} |",
+                      f"| tl.record eager | {ips['record']:.1f} |",
+                      f"| tl.record(compile=True) | {ips['record_compiled']:.1f} |", "",
+                      f"tl.record(compile=True)'s report: {c['facts']}.", ""]
     lines += ["| target | measured | verdict |", "|---|---:|---:|"]
     if "throughput" in res:
         t = res["throughput"]
@@ -347,6 +451,14 @@ def markdown(res: dict) -> str:
                      f"{r['gb_per_s_in_order']:.2f} GB/s, shuffled "
                      f"{r['gb_per_s_shuffled']:.2f} GB/s | "
                      f"{_v(r['gb_per_s_in_order'] >= 1.0)} |")
+    for name, c in res.get("compiled", {}).items():
+        lines.append(f"| {name}: tl.record(compile=True) ≥ 0.95x the plain compiled loop | "
+                     f"{c['record_compiled_vs_compiled']:.2f}x | "
+                     f"{_v(c['record_compiled_vs_compiled'] >= 0.95)} |")
+        lines.append(f"| {name}: compiling gains tl.record what it gains the plain loop | "
+                     f"record {c['compile_gain_record']:.2f}x, plain "
+                     f"{c['compile_gain_plain']:.2f}x | "
+                     f"{_v(c['compile_gain_record'] >= 0.95 * c['compile_gain_plain'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -361,7 +473,8 @@ def main() -> None:
     parser.add_argument("--memory-inputs", type=int, nargs=2, default=[1000, 10000])
     parser.add_argument("--scale-inputs", type=int, default=192)
     parser.add_argument("--read-batch", type=int, default=4096)
-    parser.add_argument("--only", default="throughput,memory,scale_out,reading")
+    parser.add_argument("--compiled-inputs", type=int, default=256)
+    parser.add_argument("--only", default="throughput,memory,scale_out,reading,compiled")
     parser.add_argument("--json", default=str(HERE / "results" / "record_store.json"))
     parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--rank-child", nargs=2, help=argparse.SUPPRESS)

@@ -4,6 +4,7 @@ input, the first forward checked against the eager capture, and what to report o
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from torch import nn
@@ -30,6 +31,7 @@ class CompiledRun:
         self.compiler = Compiler(options)
         self.located: Located | None = None
         self.diffs: dict[str, float | None] = {}
+        self.place_s = 0.0  # the eager capture that placed the sites
         self._check = False
 
     def part(self, args: tuple, kwargs: dict, save: list[str], parts: list,
@@ -47,8 +49,10 @@ class CompiledRun:
             bases = {name_of(label) for label in labels}
             for p in parts:
                 bases |= set(p.ops)
+            t0 = time.perf_counter()
             self.located = locate(self.model, args, kwargs, sorted(labels | modules), bases,
                                   parts, self.surface, reuse=self.surface == "trace")
+            self.place_s = time.perf_counter() - t0
             self._check = self.located.fresh
             self._sites = sorted(labels | modules)
         kind = CompiledStructure if structure else CompiledTaps
@@ -69,7 +73,8 @@ class CompiledRun:
 
     def describe(self) -> dict[str, Any]:
         """The compiling's facts and each site's largest difference from eager."""
-        return {**self.compiler.describe(), "max_abs_diff": self.diffs}
+        return {**self.compiler.describe(), "place_s": round(self.place_s, 3),
+                "max_abs_diff": self.diffs}
 
     def close(self) -> None:
         self.compiler.close()
