@@ -125,3 +125,22 @@ def test_torchrun_with_a_distributed_sampler_keeps_the_dataset_order(tmp_path):
     two = tl.recording.open(tmp_path / "two")
     assert two.manifest["interleave"] == "rows" and len(two) == len(single) == 12
     assert torch.equal(two["a"][0:12], single["a"][0:12])
+
+
+def test_torchrun_records_compiled_as_one_store(tmp_path):
+    n = 7
+    model, inputs = build(n)
+    single = tl.record(model, inputs, save=["a", "relu_1"], to=tmp_path / "one",
+                       progress=False)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", *WORKER, "--to", str(tmp_path / "two"), "-n", str(n),
+           "--compile"]
+    done = _torchrun(cmd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = tl.recording.open(tmp_path / "two")
+    assert two.complete and [r["items"] for r in two.manifest["ranks"]] == [4, 3]
+    assert two.manifest["options"]["compile"]["backend"] == "inductor"
+    assert two.manifest["compiled"]["recompiles"] <= 2  # batches of 1, 2 and 3 rows
+    for label in single.labels:
+        a, b = single[label][0:len(single)], two[label][0:len(two)]
+        assert torch.allclose(a, b, atol=1e-6), label

@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--fail-after", type=int, default=2)
     parser.add_argument("--loader", action="store_true", help="a DataLoader (a "
                         "DistributedSampler under torchrun) instead of a list")
+    parser.add_argument("--compile", action="store_true", help="record through torch.compile")
     parser.add_argument("--file-limit-after", type=int, help="from this forward on, no file "
                         "may grow past 64 bytes (RLIMIT_FSIZE): every write fails, as on a "
                         "full disk")
@@ -84,7 +85,7 @@ def main() -> None:
         model.register_forward_pre_hook(partial(limit_files, after=args.file_limit_after))
     try:
         tl.record(model, inputs, save=["a", "relu_1"], to=args.to,
-                  shard_bytes=args.shard_bytes, progress=False)
+                  shard_bytes=args.shard_bytes, progress=False, compile=args.compile)
     except tl.TorchLensError as err:
         print(f"{err.code}: {err.message}", flush=True)
         sys.exit(3)
