@@ -139,6 +139,18 @@ def check_llama(out: dict) -> None:
         index=(slice(None), slice(None), slice(8, 40)))}  # across the two ranks' heads
     te, ue = tl.trace(model, ids, edits=edit), tl.trace(ref, ids, edits=edit)
     out["llama"]["edit"] = torch.allclose(te.ops[-1].out, ue.ops[-1].out, atol=1e-5)
+    # the same Llama loaded with transformers' own plan (vocabulary-parallel embedding, lm_head
+    # gathered): saved by rank 0, loaded sharded by both
+    from transformers import DistributedConfig
+
+    folder = Path(sys.argv[1]) / "tiny-llama"
+    if dist.get_rank() == 0:
+        ref.save_pretrained(folder)
+    dist.barrier()
+    auto = LlamaForCausalLM.from_pretrained(
+        folder, distributed_config=DistributedConfig(tp_plan="auto")).eval()
+    out["llama_auto"] = same(tl.trace(auto, ids), tl.trace(ref, ids))
+    out["llama_auto"]["sharded"] = type(auto.model.embed_tokens.weight).__name__
 
 
 def check_fsdp(out: dict) -> None:

@@ -77,13 +77,16 @@ def test_a_rank_0_trace_file_loads_without_torch_distributed(models):
     assert loaded["relu_1"].meta["sharded"]["placement"] == ["Shard(dim=1)"]
 
 
-def test_a_llama_sharded_with_the_standard_plan(models):
+def test_a_llama_sharded_with_the_standard_plan_and_with_tp_plan_auto(models):
     _, ranks = models
     for rank in ranks:
         llama = rank["llama"]
         assert llama["ops"] > 100 and llama["edit"]
         _whole(llama, llama["ops"])
         assert len(llama["collectives"]) == 4  # o_proj and down_proj of 2 layers
+        auto = rank["llama_auto"]  # transformers' tp_plan="auto"
+        _whole(auto, llama["ops"])
+        assert auto["sharded"] == "DTensor" and len(auto["collectives"]) == 6  # + embed, head
 
 
 def test_fsdp2_forward_and_gradients_read_whole(models):

@@ -37,7 +37,11 @@ def _params(op: Any, sizes: dict[str, int]) -> int:
 
 def _shape(op: Any) -> str:
     shapes = op.out_shapes or ([op.shape] if op.shape is not None else [])
-    return format_shapes(shapes, most=2)
+    text = format_shapes(shapes, most=2)
+    sharded = (op.meta or {}).get("sharded")  # a model sharded across processes: the whole
+    if sharded and isinstance(sharded.get("placement"), list):  # shape, and how it is split
+        text += f" {', '.join(sharded['placement'])}"
+    return text
 
 
 def _edited(trace: Any) -> set[str]:

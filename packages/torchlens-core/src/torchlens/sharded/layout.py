@@ -117,6 +117,12 @@ def plain(value: torch.Tensor) -> torch.Tensor:
 def whole_of(value: Any, layout: Layout | None) -> torch.Tensor:
     """The whole value of a DTensor or of a plain tensor with a layout."""
     if isinstance(value, DTensor):
+        placement = value.placements[0]
+        if isinstance(placement, Partial) and type(placement) is not Partial:
+            # a partial sum with state of its own (an embedding's _MaskPartial, whose mask
+            # the forward's reduction used up, having masked the local tensor in place)
+            value = DTensor.from_local(value._local_tensor, value.device_mesh,
+                                       [Partial(placement.reduce_op)], run_check=False)
         return plain(value.full_tensor())
     return gather(value, layout) if layout else plain(value)
 

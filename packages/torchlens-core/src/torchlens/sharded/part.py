@@ -80,6 +80,8 @@ class Sharded(Part):
         self.state: Any = None
         self.layouts: dict[int, tuple] = {}  # id of a plain local tensor -> (ref, layout)
         self.by_index: dict[int, Any] = {}  # op index -> layout (False: sharded, not followed)
+        self.wrapped: dict[Any, Any] = {}  # func -> the same, its output's partial made plain
+        self.internal: dict[int, Any] = {}  # id -> weakref of tensors only DTensor holds
         self.pending: dict[Any, tuple] = {}  # an edited site -> (original, its layout, made_by)
         self.locals: dict[int, Any] = {}
         self.communication: dict[int, str] = {}  # op index -> the collective it is
@@ -200,6 +202,7 @@ class Sharded(Part):
         if _is_dtensor(main):
             local = main._local_tensor
             self.state.register(local, made[0], made[1])
+            self.internal[id(local)] = weakref.ref(local)
             layout = of_dtensor(main)
             if layout is not None:
                 self.layouts[id(local)] = (weakref.ref(local), layout)
@@ -215,6 +218,18 @@ class Sharded(Part):
             self.layouts[id(main)] = (weakref.ref(main), layout)
         if made[1] == 0:
             self.by_index[made[0]] = layout
+
+    def internal_arg(self, args: tuple, kwargs: dict) -> Any:
+        """The first argument that is DTensor's own (a DTensor's local tensor, a collective's
+        raw output), which the model's code never holds: a call on it is DTensor's plumbing."""
+        if not self.internal:
+            return None
+        for a in (*args, *kwargs.values()):
+            for t in a if isinstance(a, (tuple, list)) else (a,):
+                ref = self.internal.get(id(t))
+                if ref is not None and ref() is t:
+                    return t
+        return None
 
     def alias(self, out: Any, source: Any) -> None:
         """``out`` (plumbing's output) stands for ``source``'s op and lies where it lies."""
@@ -234,9 +249,13 @@ class Sharded(Part):
         from .layout import of_dtensor
 
         s = self.state
+        found = False
         for a in (*args, *kwargs.values()):
             for t in a if isinstance(a, (tuple, list)) else (a,):
-                if not _is_dtensor(t) or s.made_by(t) is not None or id(t) in s.param_ids:
+                if not _is_dtensor(t):
+                    continue
+                found = True
+                if s.made_by(t) is not None or id(t) in s.param_ids:
                     continue
                 local = t._local_tensor
                 made = s.made_by(local)
@@ -248,6 +267,26 @@ class Sharded(Part):
                     self.layouts[id(local)] = (weakref.ref(local), layout)
                     if made[1] == 0 and field_kind(s, made[0]) == "op":
                         self.by_index[made[0]] = layout
+        return found
+
+    def settled(self, func: Any, name: str) -> Any:
+        """``func`` whose DTensor output, when its placement is a partial sum with a state of
+        its own (a vocabulary-parallel embedding's mask), is the same sum as a plain partial
+        one (the recorder's copy of it would spend the state the forward's reduction needs);
+        a collective's output waited for, so what the recorder keeps is its value."""
+        wrapped = self.wrapped.get(func)
+        if wrapped is None:
+            collective = name in _COLLECTIVES
+
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                out = func(*args, **kwargs)
+                if collective and isinstance(out, torch.Tensor):  # its value written before
+                    torch.ops._c10d_functional.wait_tensor(out)  # the recorder keeps it
+                return _plain_partial(out)
+
+            wrapped.__name__ = name
+            self.wrapped[func] = wrapped
+        return wrapped
 
     # -- whole values --------------------------------------------------------------------------
     def _whole(self) -> None:
@@ -409,10 +448,21 @@ class _Lead(TorchFunctionMode):
                 out = func(*args, **kwargs)
                 part.alias(out, args[0])
                 return out
-            part.stand_in(args, kwargs)
+            inner = part.internal_arg(args, kwargs) if name not in _COLLECTIVES else None
+            if inner is not None:  # DTensor's own work on a local tensor (a redistribution's
+                out = func(*args, **kwargs)  # mask, chunks and concatenation): plumbing
+                for t in out if isinstance(out, (tuple, list)) else (out,):
+                    if isinstance(t, torch.Tensor) and t is not inner:
+                        part.alias(t, inner)
+                        part.internal[id(t)] = weakref.ref(t)
+                return out
+            if _on_meta(kwargs):  # a shape or stride worked out on the meta device
+                return func(*args, **kwargs)
+            if part.stand_in(args, kwargs) or name in _COLLECTIVES:
+                func = part.settled(func, name)
             out = self.recorder.__torch_function__(func, types, args, kwargs)
             if name in _COLLECTIVES and isinstance(out, torch.Tensor):
-                torch.ops._c10d_functional.wait_tensor(out)
+                part.internal[id(out)] = weakref.ref(out)
         except RuntimeError as exc:
             if not communication_failed(exc):
                 raise
@@ -432,6 +482,26 @@ def communication_failed(exc: BaseException) -> bool:
     dist_error = getattr(torch.distributed, "DistError", None)
     return (dist_error is not None and isinstance(exc, dist_error)) or any(
         word in str(exc) for word in _COMM_WORDS)
+
+
+def _on_meta(kwargs: dict) -> bool:
+    device = kwargs.get("device") if kwargs else None
+    return device is not None and str(device) == "meta"
+
+
+def _plain_partial(out: Any) -> Any:
+    """``out``, or for a DTensor whose partial placement holds a mask (``_MaskPartial``), the
+    masked local tensor as a plain partial sum."""
+    placement = out.placements[0] if _is_dtensor(out) else None
+    mask = getattr(placement, "mask_buffer", None)
+    if mask is None or mask.data is None:
+        return out
+    from torch.distributed.tensor import DTensor, Partial
+
+    local = out._local_tensor.clone()
+    mask.apply_mask(local)
+    return DTensor.from_local(local, out.device_mesh, [Partial(placement.reduce_op)],
+                              run_check=False, shape=out.shape, stride=out.stride())
 
 
 def _is_dtensor(t: Any) -> bool:
