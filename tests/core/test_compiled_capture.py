@@ -11,10 +11,10 @@ from torch import nn
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 import torchlens as tl
-from torchlens.capture.policy import state_hash
-from torchlens.compiling import run as compiling_run
 from tests.core.test_recording_store import token_inputs, token_model
 from tests.models.zoo import seeded
+from torchlens.capture.policy import state_hash
+from torchlens.compiling import run as compiling_run
 
 
 class Net(nn.Module):
@@ -100,7 +100,7 @@ def test_trace_compiled_values_on_the_eager_graph():
     assert close(eager["relu_1"].out, compiled["relu_1"].out) < 1e-6
     assert close(eager["b"].out, compiled["b"].out) < 1e-6
     with pytest.raises(tl.TorchLensError) as err:
-        compiled["linear_1"].out  # not a site of save=
+        _ = compiled["linear_1"].out  # not a site of save=
     assert err.value.code == "activation_not_saved"
     assert compiled.edits[0]["fired"] and compiled.edits[0]["norm"] == eager.edits[0]["norm"]
     assert compiled.meta["compiled"]["graphs"] >= 1

@@ -105,6 +105,45 @@ def test_a_steering_edit_on_chosen_steps_changes_only_those(lm, gpt2):
     assert torch.allclose(run[2]["transformer.drop"].out, kept[2], atol=1e-6)  # upstream
 
 
+def test_save_every_step_edit_only_some_equals_hooks(lm, gpt2):
+    """edit_steps= edits steps 2 and 3 while every step is saved (issue 61 §3), as a hook that
+    steers only on those calls does."""
+    steer = 50.0 * torch.randn(32, generator=torch.Generator().manual_seed(3))
+    calls, kept = [0], []
+
+    def steer_hook(module, args, out):
+        calls[0] += 1
+        if calls[0] - 1 in (2, 3):
+            return (out[0] + steer,) + tuple(out[1:]) if isinstance(out, tuple) else out + steer
+
+    def keep_hook(module, args, out):
+        kept.append((out[0] if isinstance(out, tuple) else out).detach().clone())
+
+    handles = [lm.transformer.h[0].register_forward_hook(steer_hook),
+               lm.transformer.ln_f.register_forward_hook(keep_hook)]
+    ids = gpt2.tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    try:
+        want = lm.generate(ids, max_new_tokens=6, do_sample=False,
+                           pad_token_id=gpt2.tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
+    finally:
+        for handle in handles:
+            handle.remove()
+    run = tl.generate(lm, PROMPT, max_new_tokens=6, save=["transformer.ln_f"],
+                      edits={"transformer.h.0": tl.edits.add(steer)}, edit_steps=[2, 3])
+    assert run.tokens == want and run.captured == list(range(6))
+    assert sorted({row["step"] for row in run.edits}) == [2, 3]
+    values = run.values("transformer.ln_f")
+    assert all(torch.allclose(v, k, atol=1e-5) for v, k in zip(values, kept))
+    with pytest.raises(tl.TorchLensError) as err:
+        tl.generate(lm, PROMPT, max_new_tokens=3, edits={"transformer.h.0": tl.edits.zero()},
+                    edit_steps=[5])
+    assert err.value.code == "steps_not_reached" and "edit_steps=[]" not in str(err.value.teach)
+    with pytest.raises(tl.TorchLensError) as err:
+        with tl.steps(lm, save=["transformer.ln_f"], edit_steps=[0]):
+            pass
+    assert err.value.code == "option_invalid" and "edits=" in err.value.teach[0]
+
+
 def test_tl_generate_is_the_loop_torchlens_hf_provides():
     from torchlens.plugins import hook
     from torchlens_hf.generation import generate

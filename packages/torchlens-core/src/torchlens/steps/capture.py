@@ -128,9 +128,10 @@ def _chosen(selected: Any, captured: list[int]) -> list[int]:
     return list(captured)
 
 
-def selector(at_steps: Any, call: StepsCall | None = None
-              ) -> tuple[Callable[[int], bool], list[int]]:
-    """(is step k chosen?, the explicit indices to check were reached)."""
+def selector(at_steps: Any, call: StepsCall | None = None, key: str = "at_steps"
+             ) -> tuple[Callable[[int], bool], list[int]]:
+    """(is step k chosen?, the explicit indices to check were reached), for the keyword
+    ``key`` (``at_steps`` or ``edit_steps``)."""
     call = call or StepsCall()
     if at_steps is None:
         return (lambda k: True), []
@@ -138,9 +139,9 @@ def selector(at_steps: Any, call: StepsCall | None = None
         start, stop = at_steps.start or 0, at_steps.stop
         step = 1 if at_steps.step is None else at_steps.step
         if start < 0 or (stop is not None and stop < 0) or step < 1:
-            raise InputTypeError(f"at_steps={at_steps!r}: a slice of step indices from 0",
+            raise InputTypeError(f"{key}={at_steps!r}: a slice of step indices from 0",
                                  code="option_invalid",
-                                 teach=[call.text(at_steps=slice(0, 3))])
+                                 teach=[call.text(**{key: slice(0, 3)})])
         return (lambda k: k >= start and (stop is None or k < stop) and
                 (k - start) % step == 0), []
     if callable(at_steps):
@@ -153,19 +154,21 @@ def selector(at_steps: Any, call: StepsCall | None = None
             wanted = set(chosen)
             return (lambda k: k in wanted), sorted(wanted)
     raise InputTypeError(
-        f"at_steps= takes step indices, a slice or a callable step -> bool, not {at_steps!r}",
+        f"{key}= takes step indices, a slice or a callable step -> bool, not {at_steps!r}",
         code="option_invalid",
-        teach=[call.text(at_steps=[0, 1, 2]), call.text(at_steps=slice(1, None)),
-               call.text(at_steps=Code("lambda k: k % 4 == 0"))])
+        teach=[call.text(**{key: [0, 1, 2]}), call.text(**{key: slice(1, None)}),
+               call.text(**{key: Code("lambda k: k % 4 == 0")})])
 
 
 @contextlib.contextmanager
 def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: Any = None,
-          allow_unfired: bool = False) -> Iterator[StepRun]:
+          edit_steps: Any = None, allow_unfired: bool = False) -> Iterator[StepRun]:
     """Capture every top-level call of ``model`` made in the block as one step.
 
     ``save=`` and ``edits=`` are those of ``tl.trace`` (checked before the block runs), applied
     on the steps ``at_steps=`` chooses (indices, a slice, or a callable; default: every step).
+    ``edit_steps=`` (the same forms) applies the edits on those steps only, captured too,
+    while ``at_steps`` chooses the steps saved: read every step, edit steps 3 and 4.
     ``run.steps`` holds a Trace per captured step; ``len(run)`` the calls made. The model's
     modules and parameters are read once, when the block starts (again after a step whose
     forward created parameters): modules swapped inside the block are not seen. A step named in
@@ -174,15 +177,15 @@ def steps(model: nn.Module, *, save: Any = None, edits: Any = None, at_steps: An
     """
 
     call = StepsCall.of("steps", save=save, edits=Code("edits") if edits is not None else None,
-                        at_steps=at_steps, allow_unfired=allow_unfired)
+                        at_steps=at_steps, edit_steps=edit_steps, allow_unfired=allow_unfired)
     with capture_steps(model, call, save=save, edits=edits, at_steps=at_steps,
-                       allow_unfired=allow_unfired) as run:
+                       edit_steps=edit_steps, allow_unfired=allow_unfired) as run:
         yield run
 
 
 @contextlib.contextmanager
 def capture_steps(model: nn.Module, call: StepsCall, *, save: Any, edits: Any, at_steps: Any,
-                  allow_unfired: bool) -> Iterator[StepRun]:
+                  allow_unfired: bool, edit_steps: Any = None) -> Iterator[StepRun]:
     """``tl.steps``'s block for the call ``call`` (``tl.steps`` or ``tl.generate``), whose
     refusals teach that call, corrected."""
     surface = call.surface
@@ -197,13 +200,21 @@ def capture_steps(model: nn.Module, call: StepsCall, *, save: Any, edits: Any, a
     parse_save(save, model, inv, surface)
     plan = plan_edits(edits, inv, model, allow_unfired, surface)
     chosen, wanted = selector(at_steps, call)
+    edited, edit_wanted = (chosen, []) if edit_steps is None else \
+        selector(edit_steps, call, "edit_steps")
+    if edit_steps is not None and edits is None:
+        raise InputTypeError("edit_steps= chooses the steps edits= apply on, but no edits= "
+                             "was given", code="option_invalid",
+                             teach=[call.text(edits=Code("{'<site>': tl.edits.zero()}"))])
+    wanted = sorted({*wanted, *edit_wanted})
     run = TaughtRun(type(model).__name__, at_steps, call)
     kept = Kept()  # the module frames, installed at a captured step, kept for the next one
 
     def step(args: tuple, kwargs: dict) -> Any:
         index = run.count
         run.count += 1
-        if not chosen(index):
+        editing = plan is not None and edited(index)
+        if not (chosen(index) or editing):
             kept.remove()  # a step not captured runs with no frames at all
             start = time.perf_counter_ns()
             out = redirect.original(*args, **kwargs)
@@ -213,8 +224,8 @@ def capture_steps(model: nn.Module, call: StepsCall, *, save: Any, edits: Any, a
         if inv is None:  # the previous step created parameters: read the model again
             inv = inventory(model)
         keeper = StepKeeper()
-        parts = [p for p in (plan, keeper) if p is not None]
-        graph = run.follow() if plan is None and saves_nothing(save) else None
+        parts = [p for p in (plan if editing else None, keeper) if p is not None]
+        graph = run.follow() if not editing and saves_nothing(save) else None
         follower = None
         if graph is not None:  # follow the graph of the step before
             follower = Follower(*graph[1:], kept=lambda followed: run.add_followed(
@@ -245,7 +256,7 @@ def capture_steps(model: nn.Module, call: StepsCall, *, save: Any, edits: Any, a
         del model.__dict__[MARK]
     missing = [k for k in wanted if k >= run.count]
     if missing:
-        err = StepError(f"at_steps names step(s) {missing} but the "
+        err = StepError(f"at_steps/edit_steps name step(s) {missing} but the "
                         f"{'generation' if surface == 'generate' else 'block'} made "
                         f"{run.count} call(s) of the model", code="steps_not_reached",
                         teach=_not_reached(call, wanted, run.count))
