@@ -83,12 +83,23 @@ def check_transformer(scope, out, folder):
     assert scope["patched"].edits[0]["norm"] > 0
 
 
+def check_across_processes(scope, out, folder):
+    assert "1  linear_1      linear      up       4×32 Shard(dim=1)" in out
+    assert "relu_1: (4, 32) whole; (4, 16) (Shard(dim=1),) on this rank" in out
+    assert "edited like the unsharded model: True" in out
+    assert "FSDP2: ['input_1', 'linear_1', 'relu_1', 'linear_2', 'output_1'] relu_1 grad (4, 32)" \
+        in out
+    assert type(scope["loaded"]["relu_1"].out) is torch.Tensor
+    assert scope["loaded"]["relu_1"].meta["sharded"]["local_shape"] == [4, 16]
+
+
 CHECKS = {
     "docs/guides/edits.md": check_edits,
     "docs/guides/gradients.md": check_gradients,
     "docs/guides/generation.md": check_generation,
     "docs/guides/compare.md": check_compare,
     "docs/guides/transformer.md": check_transformer,
+    "docs/guides/across-processes.md": check_across_processes,
 }
 
 
