@@ -3,8 +3,9 @@ tests/distributed/test_sharded.py: each rank writes what it saw to ``<out>/rank<
 value compared here with the unsharded model built from the same seed.
 
 ``python -m torch.distributed.run --nproc-per-node 2 -m tests.distributed.sharded_checks OUT
-GROUP``; GROUP ``models`` (tensor parallel MLP and Llama, FSDP2) or ``failures`` (ranks asked
-different captures, a rank failing mid-forward).
+GROUP``; GROUP ``models`` (tensor parallel MLP and Llama, FSDP2), ``failures`` (ranks asked
+different captures, a forward that branches on the rank, rank 1 failing mid-forward) or
+``late`` (rank 1 failing after the forward's last collective).
 """
 
 from __future__ import annotations
@@ -186,15 +187,20 @@ def refusal(fn) -> dict:
 
 
 class Failing(MLP):
-    """An MLP whose forward raises on rank 1 between the two sharded layers, when told to."""
+    """An MLP whose forward raises on rank 1 when told to: between the two sharded layers
+    (``"mid"``, rank 0 then waits in ``down``'s all-reduce) or after them (``"late"``, rank 0's
+    forward ends)."""
 
-    fail = False
+    fail: str | None = None
 
     def forward(self, x):
         h = torch.relu(self.up(x))
-        if self.fail and dist.get_rank() == 1:
+        if self.fail == "mid" and dist.get_rank() == 1:
             raise ValueError("rank 1's forward failed")
-        return self.down(h)
+        out = self.down(h)
+        if self.fail == "late" and dist.get_rank() == 1:
+            raise ValueError("rank 1's forward failed")
+        return out
 
 
 def check_failures(out: dict) -> None:
@@ -205,26 +211,56 @@ def check_failures(out: dict) -> None:
         parallelize_module,
     )
 
-    ref, model = mlp_pair()
-    x = torch.randn(4, 8)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(4))  # the same on each rank
     rank = dist.get_rank()
-    # edits that differ between the ranks: refused on both, before the forward
-    edits = {"up": tl.edits.zero(index=(slice(None), slice(0, 4 + rank)))}
-    out["disagree"] = refusal(lambda: tl.trace(model, x, edits=edits))
-    out["disagree_save"] = refusal(lambda: tl.trace(model, x, save=["relu_1"] if rank else
-                                                    ["linear_1"]))
-    out["after_disagree"] = same(tl.trace(model, x), tl.trace(ref, x))["values_differ"] == []
+    mode = "late" if sys.argv[2] == "late" else "mid"
+    if mode == "mid":
+        check_disagree(out, x, rank)
     torch.manual_seed(0)
     failing = Failing()
     parallelize_module(failing, init_device_mesh("cpu", (2,)),
                        {"up": ColwiseParallel(), "down": RowwiseParallel()})
     before = {k: v.to_local().clone() for k, v in failing.state_dict().items()}
     hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in failing.modules())
-    failing.fail = True
+    failing.fail = mode
     out["failed"] = refusal(lambda: tl.trace(failing, x))
     out["failed_model_kept"] = all(torch.equal(before[k], v.to_local()) for k, v in
                                    failing.state_dict().items()) and hooks == sum(
         len(m._forward_hooks) + len(m._forward_pre_hooks) for m in failing.modules())
+
+
+def check_disagree(out: dict, x: torch.Tensor, rank: int) -> None:
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    ref, model = mlp_pair()
+    # edits that differ between the ranks: refused on both, before the forward
+    edits = {"up": tl.edits.zero(index=(slice(None), slice(0, 4 + rank)))}
+    out["disagree"] = refusal(lambda: tl.trace(model, x, edits=edits))
+    out["disagree_save"] = refusal(lambda: tl.trace(model, x, save=["relu_1"] if rank else
+                                                    ["linear_1"]))
+    out["after_disagree"] = same(tl.trace(model, x), tl.trace(ref, x))["values_differ"] == []
+    # a forward whose ops differ between the ranks (a branch on the rank): refused when it
+    # ends, before any value is gathered
+    branching = Branching()
+    branching.load_state_dict(ref.state_dict())
+    parallelize_module(branching, model.up.weight.device_mesh,
+                       {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    out["branching"] = refusal(lambda: tl.trace(branching, x))
+    out["after_branching"] = same(tl.trace(model, x), tl.trace(ref, x))["values_differ"] == []
+
+
+class Branching(MLP):
+    """An MLP whose rank 1 runs one op more (a branch on rank-dependent data)."""
+
+    def forward(self, x):
+        h = torch.relu(self.up(x))
+        if dist.get_rank() == 1:
+            h = h * 1.0
+        return self.down(h)
 
 
 def main() -> None:
@@ -233,13 +269,13 @@ def main() -> None:
     out: dict = {}
     try:
         for check in ([check_tp, check_llama, check_fsdp] if group == "models"
-                      else [check_failures]):
+                      else [check_failures]):  # "failures" (mid-forward) or "late"
             check(out)
     except Exception:  # noqa: BLE001 - the test shows it
         out["crash"] = traceback.format_exc()
     (folder / f"{group}.rank{dist.get_rank()}.json").write_text(json.dumps(out, default=str))
     sys.stdout.flush()
-    if group == "failures":
+    if group != "models":
         os._exit(0)  # a rank whose peer failed has no process group to close
     dist.destroy_process_group()
 

@@ -103,6 +103,17 @@ def test_ranks_asked_different_captures_or_failing_refuse_on_every_rank(tmp_path
     for rank in ranks:
         assert rank["disagree"]["code"] == "sharded_ranks_disagree"
         assert rank["disagree_save"]["code"] == "sharded_ranks_disagree"
-        assert rank["after_disagree"] and rank["failed_model_kept"]
+        assert rank["branching"]["code"] == "sharded_ranks_disagree"
+        assert rank["after_disagree"] and rank["after_branching"]
+        assert rank["failed_model_kept"]
     assert ranks[1]["failed"] == {"error": "ValueError", "message": "rank 1's forward failed"}
     assert ranks[0]["failed"]["code"] == "sharded_rank_failed"
+
+
+def test_a_rank_failing_after_the_last_collective_is_no_hang(tmp_path):
+    """Rank 0's forward ends well; rank 1's raises after it: rank 0 refuses when the ranks
+    compare their forwards, gathering nothing."""
+    ranks = _torchrun(tmp_path, "late")
+    assert ranks[1]["failed"] == {"error": "ValueError", "message": "rank 1's forward failed"}
+    assert ranks[0]["failed"]["code"] == "sharded_rank_failed"
+    assert all(rank["failed_model_kept"] for rank in ranks)

@@ -65,7 +65,7 @@ def join(model: Any, parts: list) -> list:
     if not sharded_model(model):
         return parts
     head = Sharded(model, parts)
-    return [head, *parts, Resplit(head)] if head.ops or head.modules else [head, *parts]
+    return [head, *parts, Resplit(head)]
 
 
 class Sharded(Part):
@@ -86,6 +86,7 @@ class Sharded(Part):
         self.locals: dict[int, Any] = {}
         self.communication: dict[int, str] = {}  # op index -> the collective it is
         self.paused = 0  # > 0 inside FSDP2's hooks
+        self.refusal: Exception | None = None  # raised by the last part, once all have ended
         self.handles: list = []
         self.passing: list = []  # what FSDP2's hooks were given, by producing op
 
@@ -102,11 +103,46 @@ class Sharded(Part):
         for h in self.handles:
             h.remove()
         self.handles = []
-        if not session.failed:
-            self._whole()
+        if session.failed:  # no collective after a failure here: a peer may be inside one
+            return  # of the model's, and would take ours for it
+        try:
+            self._agree_after()
+            if self.refusal is None:
+                self._whole()
+        except RuntimeError as exc:
+            if not communication_failed(exc):
+                raise
+            self.refusal = CaptureError(
+                f"the ranks could not finish the sharded capture together: another rank "
+                f"failed or stopped ({str(exc).splitlines()[0][:200]})",
+                code="sharded_rank_failed", teach=_RANK_FAILED_TEACH)
+            self.refusal.__cause__ = exc
+
+    def _agree_after(self) -> None:
+        """Before any value is gathered: the ranks ran the same ops and saved the same values
+        (a forward that branched differently, or a rank that failed after its last
+        collective, would pair one rank's gathers with another's values, or wait forever)."""
+        import torch.distributed as dist
+
+        from ..capture.record import field
+
+        s = self.state
+        mine = (len(s.records), sorted(s.values), sorted(self.communication.values()),
+                [field.func(r) for r in s.records][-8:])
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, repr(mine))
+        if len(set(everyone)) > 1:
+            differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
+            self.refusal = InputError(
+                f"the ranks' forwards differed (ranks {differ} recorded other ops or values "
+                "than rank 0: a branch on rank-dependent data, or a site one rank never "
+                "reached); no value was gathered", code="sharded_ranks_disagree",
+                teach=["tl.trace(model, x, save=..., edits=...)  # the same on every rank, "
+                       "with a forward that runs the same ops on every rank"])
 
     def finish(self, trace: Any, session: Session) -> None:
-        if session.failed or not (self.by_index or self.locals or self.communication):
+        if session.failed or self.refusal is not None or not (
+                self.by_index or self.locals or self.communication):
             return
         from .layout import placements_of
 
@@ -417,10 +453,16 @@ class _WholeGrads:
 
 
 class Resplit(Part):
-    """The part after the others at edited sites: this rank's part of the edited whole."""
+    """The part after the others: at edited sites, this rank's part of the edited whole; once
+    every part has finished, the refusal the ranks came to when the forward ended."""
 
     def __init__(self, head: Sharded):
         self.head, self.ops, self.modules = head, head.ops, head.modules
+
+    def finish(self, trace: Any, session: Session) -> None:
+        refusal, self.head.refusal = self.head.refusal, None
+        if refusal is not None:
+            raise refusal
 
     def op(self, out: Any, label: str, *rest: Any) -> Any:
         return self.head.resplit(label, out)
