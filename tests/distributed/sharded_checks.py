@@ -85,7 +85,15 @@ def check_tp(out: dict) -> None:
         torch.allclose(tg[op.label].grad, op.grad, atol=1e-5))]
     if dist.get_rank() == 0:
         t.save(Path(sys.argv[1]) / "tp.trace")  # rank 0 writes the whole values
-    edits = {
+    x2 = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))
+    source, ref_source = tl.trace(model, x2[:4]), tl.trace(ref, x2[:4])
+    batch, ref_batch = tl.trace(model, x2), tl.trace(ref, x2)
+    edits = {  # name -> the edit, or (the sharded model's, the unsharded model's)
+        "patch_from_a_sharded_trace": ({"relu_1": tl.edits.patch(source)},
+                                       {"relu_1": tl.edits.patch(ref_source)}),
+        "mean_of_a_sharded_batch": ({"up": tl.edits.mean(batch)},
+                                    {"up": tl.edits.mean(ref_batch)}),
+        "scale_module_index": {"up": tl.edits.scale(3.0, index=(slice(None), slice(12, 20)))},
         "zero_module_index": {"up": tl.edits.zero(index=(slice(None), slice(0, 4)))},
         "zero_op_across_shards": {"relu_1": tl.edits.zero(index=(slice(None), slice(14, 20)))},
         "replace_module": {"up": tl.edits.replace(torch.linspace(-1, 1, 128).reshape(4, 32))},
@@ -94,7 +102,8 @@ def check_tp(out: dict) -> None:
     }
     out["edits"] = {}
     for name, edit in edits.items():
-        te, ue = tl.trace(model, x, edits=edit), tl.trace(ref, x, edits=edit)
+        edit, ref_edit = edit if isinstance(edit, tuple) else (edit, edit)
+        te, ue = tl.trace(model, x, edits=edit), tl.trace(ref, x, edits=ref_edit)
         with torch.no_grad():
             forward = model(x)  # the edit is gone: the model runs as before
         out["edits"][name] = {
@@ -152,6 +161,52 @@ def check_llama(out: dict) -> None:
         folder, distributed_config=DistributedConfig(tp_plan="auto")).eval()
     out["llama_auto"] = same(tl.trace(auto, ids), tl.trace(ref, ids))
     out["llama_auto"]["sharded"] = type(auto.model.embed_tokens.weight).__name__
+
+
+class Block(nn.Module):
+    """A GPT-2-style block with q, k, v and o as separate Linears (GPT-2's own fuses q, k and
+    v in one Conv1D, which ColwiseParallel cannot split without mixing them)."""
+
+    def __init__(self, d: int = 32, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.fc, self.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        y = self.ln_1(x)
+        q, k, v = (m(y).view(b, t, -1, d // self.heads).transpose(1, 2)
+                   for m in (self.q, self.k, self.v))
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
+        return x + self.proj(nn.functional.gelu(self.fc(self.ln_2(x))))
+
+
+def check_block(out: dict) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    torch.manual_seed(0)
+    ref = Block()
+    model = Block()
+    model.load_state_dict(ref.state_dict())
+    parallelize_module(model, init_device_mesh("cpu", (2,)),
+                       {**{n: ColwiseParallel() for n in ("q", "k", "v", "fc")},
+                        "o": RowwiseParallel(), "proj": RowwiseParallel()})
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(6))
+    t = tl.trace(model, x)
+    out["block"] = same(t, tl.trace(ref, x))
+    attention = next(op for op in t.ops if op.func == "scaled_dot_product_attention")
+    out["block"]["attention"] = [attention.shape, attention.meta["sharded"]["placement"]]
+    edit = {attention.label: tl.edits.zero(index=(slice(None), slice(1, 3)))}  # heads 1-2
+    te, ue = tl.trace(model, x, edits=edit), tl.trace(ref, x, edits=edit)
+    out["block"]["edit_heads"] = torch.allclose(te.ops[-1].out, ue.ops[-1].out, atol=1e-5)
 
 
 def check_fsdp(out: dict) -> None:
@@ -268,7 +323,7 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
     out: dict = {}
     try:
-        for check in ([check_tp, check_llama, check_fsdp] if group == "models"
+        for check in ([check_tp, check_block, check_llama, check_fsdp] if group == "models"
                       else [check_failures]):  # "failures" (mid-forward) or "late"
             check(out)
     except Exception:  # noqa: BLE001 - the test shows it

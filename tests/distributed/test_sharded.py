@@ -55,9 +55,10 @@ def test_tensor_parallel_values_read_whole_on_every_rank(models):
 def test_edits_address_the_whole_tensor(models):
     _, ranks = models
     for rank in ranks:
-        assert set(rank["edits"]) == {"zero_module_index", "zero_op_across_shards",
-                                      "replace_module", "add_partial_sum",
-                                      "add_module_after_reduce"}
+        assert set(rank["edits"]) == {"patch_from_a_sharded_trace", "mean_of_a_sharded_batch",
+                                      "scale_module_index", "zero_module_index",
+                                      "zero_op_across_shards", "replace_module",
+                                      "add_partial_sum", "add_module_after_reduce"}
         for name, got in rank["edits"].items():
             assert got["output"] and got["site_value"] and got["model_restored"], name
             assert got["norm"][0] == pytest.approx(got["norm"][1], rel=1e-5), name
@@ -87,6 +88,15 @@ def test_a_llama_sharded_with_the_standard_plan_and_with_tp_plan_auto(models):
         auto = rank["llama_auto"]  # transformers' tp_plan="auto"
         _whole(auto, llama["ops"])
         assert auto["sharded"] == "DTensor" and len(auto["collectives"]) == 6  # + embed, head
+
+
+def test_a_gpt2_style_block_with_separate_qkv_and_an_edit_across_heads(models):
+    _, ranks = models
+    for rank in ranks:
+        block = rank["block"]
+        _whole(block, block["ops"])
+        assert block["attention"] == [[2, 4, 5, 8], ["Shard(dim=1)"]]  # heads split
+        assert block["edit_heads"] and len(block["collectives"]) == 2  # o and proj
 
 
 def test_fsdp2_forward_and_gradients_read_whole(models):
