@@ -4,8 +4,10 @@ the site over the steps, ``print(run)`` a table of steps.
 Steps whose op graphs are the same (the same ops, in the same module calls, reading the same
 inputs) share one structure: the first such step keeps its Trace, a later one keeps only its
 saved values, its op times, the shapes that differ (a KV cache grows every step) and its edit
-rows, and ``run[i]`` rebuilds its Trace from the shared one. Every decoding step after a
-prefill costs its values and eight bytes an op, not a copy of the graph.
+rows, and ``run[i]`` rebuilds its Trace from the shared one. A step's own facts are int
+arrays (4-byte where they fit), and a step whose own shapes equal the step's before it shares
+that step's record of them: a decoding step costs its values and about 15 bytes an op, not a
+copy of the graph (tests/hf/test_step_memory.py).
 """
 
 from __future__ import annotations
@@ -40,25 +42,60 @@ def signature(records: list) -> tuple[tuple, list]:
             list(map(_PARENTS, records)))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Step:
     """One captured step: its index, the structure it shares (``shares``: the step whose
-    Trace holds the graph), and what is its own."""
+    Trace holds the graph), and what is its own, as compact as it can be kept (a long run
+    holds thousands: ``times`` and ``call_times`` are arrays, ``changed`` one packed array)."""
 
     index: int
     shares: int
     ops: int
     time_ns: int
     trace: Trace | None = None  # kept for the first step of each structure
-    values: dict[int, Any] | None = None  # op index -> saved value (a shared step)
+    values: dict[int, Any] | None = None  # op index -> saved value (a shared step; None: none)
     times: array | None = None  # op times (a shared step)
-    meta: dict[str, Any] | None = None  # a shared step's own meta (its edit rows)
-    changed: dict[int, tuple] | None = None  # op index -> its raw record, where costs differ
+    meta: dict[str, Any] | None = None  # a shared step's edit rows, when it has any
+    capture_ns: int = 0  # a shared step's capture time
+    changed: array | None = None  # ``pack``ed costs of the ops whose costs differ
+    changed_other: dict[int, tuple] | None = None  # those ``pack`` cannot hold (several outputs)
     call_order: tuple | None = None  # (address, pass) of its module calls (a shared step)
     call_times: array | None = None  # their times, in that order
     structure: dict | None = None  # its output's structure, where it differs from the graph's
     token: int | None = None  # the token a generation step chose (tl.generate)
     saved: int | None = None  # how many values the first step of a graph saved
+
+    def costs(self) -> dict[int, tuple]:
+        """Op index -> (shape, out_shapes, nbytes, flops) for the ops whose costs are this
+        step's own."""
+        found = dict(self.changed_other or {})
+        packed, k = self.changed, 0
+        while packed is not None and k < len(packed):
+            index, ndim = packed[k], packed[k + 1]
+            shape = list(packed[k + 2:k + 2 + ndim])
+            nbytes, flops = packed[k + 2 + ndim], packed[k + 3 + ndim]
+            found[index] = (shape, [shape], nbytes, None if flops < 0 else flops)
+            k += 4 + ndim
+        return found
+
+
+def _ints(values: list[int]) -> array:
+    """4-byte ints where every one fits (times of ops under 2.1 s), else 8-byte ones."""
+    return array("i" if all(-2 ** 31 <= v < 2 ** 31 for v in values) else "q", values)
+
+
+def pack(costs: dict[int, tuple]) -> tuple[array | None, dict[int, tuple] | None]:
+    """A step's own costs as one int array (op index, rank, dims, bytes, FLOPs or -1 each)
+    and, apart, those of ops with several outputs or no integer FLOPs."""
+    packed: list[int] = []
+    other = {}
+    for index, (shape, out_shapes, nbytes, flops) in costs.items():
+        if out_shapes == [shape] and all(type(d) is int for d in shape) and \
+                (flops is None or type(flops) is int) and type(nbytes) is int:
+            packed.extend((index, len(shape), *shape, nbytes, -1 if flops is None else flops))
+        else:
+            other[index] = (shape, out_shapes, nbytes, flops)
+    return _ints(packed) if packed else None, other or None
 
 
 class StepRun:
@@ -78,6 +115,7 @@ class StepRun:
         self._known: dict[int, dict] = {}  # structure -> what its followers proved of it
         self._orders: dict[tuple, tuple] = {}  # each order of module calls once
         self._last: int | None = None  # the step captured last
+        self._previous: int | None = None  # the one captured before it
         self.count = 0  # top-level calls made in the block, captured or not
         self.skipped_ns = 0  # time of the calls not captured
         self.text: str | None = None  # tl.generate: the generated text
@@ -109,13 +147,14 @@ class StepRun:
     def add_followed(self, index: int, first: int, kept: Any) -> Trace:
         """A step that kept to structure ``first``'s graph (``follow.Followed``); its Trace,
         made when first read."""
-        self._last = index
+        self._previous, self._last = self._last, index
         if kept.held_bytes is not None:
             self._made[first] = (self._made[first][0], kept.held_bytes)
         order, call_times = self._call_times(kept.calls)
-        self._steps[index] = Step(index, first, len(kept.times), sum(kept.times), values={},
-                                  times=array("q", kept.times),
-                                  meta={"capture_ns": kept.capture_ns}, changed=kept.changed,
+        changed, other = self._pack(first, kept.changed)
+        self._steps[index] = Step(index, first, len(kept.times), sum(kept.times),
+                                  times=_ints(kept.times), capture_ns=kept.capture_ns,
+                                  changed=changed, changed_other=other,
                                   call_order=order, call_times=call_times,
                                   structure=self._own(first, kept.structure))
         template = self._steps[first].trace
@@ -132,18 +171,35 @@ class StepRun:
     def _call_times(self, calls: list) -> tuple[tuple, array]:
         """(the order of a step's module calls, their times): a shared step's own."""
         order = tuple([(frame[0], frame[1]) for frame in calls])
-        return self._orders.setdefault(order, order), array("q", [frame[4] for frame in calls])
+        return self._orders.setdefault(order, order), _ints([frame[4] for frame in calls])
+
+    def _pack(self, first: int, records: dict[int, tuple]) -> tuple:
+        """The ``pack``ed costs of a shared step's ops whose costs differ from its graph's
+        (``records``: their raw records), made now, so no record is kept; the same array as
+        the step captured before it where they are equal (a run settled into new shapes)."""
+        if not records:
+            return None, None
+        weights = {name: torch.Size(info["shape"])
+                   for name, info in self._steps[first].trace.params.items()}
+        changed, other = pack({i: record_costs(rec, weights.get) for i, rec in records.items()})
+        before = self._steps.get(self._previous) if self._previous is not None else None
+        if before is not None and before.shares == first:
+            if before.changed == changed:
+                changed = before.changed
+            if before.changed_other == other:
+                other = before.changed_other
+        return changed, other
 
     def add(self, index: int, trace: Trace, raw: tuple | None) -> None:
         """A captured step (``raw``: its records, kept values and module calls, from its
         ``StepKeeper``): shared with an earlier one when their graphs are the same."""
-        self._last = index
+        self._previous, self._last = self._last, index
         if raw is None:  # nothing raw to share: keep it whole
             self._steps[index] = Step(index, index, len(trace), 0, trace=trace)
             return
         records, values, calls = raw
         key, parents = signature(records)
-        times = array("q", map(_TIME, records))
+        times = list(map(_TIME, records))
         total = sum(times)
         candidates = self._shapes.setdefault(key, [])
         first = next((i for i, p in candidates if p == parents), None)
@@ -153,13 +209,17 @@ class StepRun:
                                       saved=len(values))
             self._records[index] = records
         else:
-            meta = {k: v for k, v in trace.meta.items() if k in ("edits", "capture_ns")}
+            edits = trace.meta.get("edits")
             base = self._records[first]
-            changed = {i: records[i] for i in compress(range(len(records)), map(
-                ne, map(costs, records), map(costs, base)))}
+            changed, other = self._pack(first, {
+                i: records[i] for i in compress(range(len(records)), map(
+                    ne, map(costs, records), map(costs, base)))})
             order, call_times = self._call_times(calls)
-            self._steps[index] = Step(index, first, len(records), total, values=dict(values),
-                                      times=times, meta=meta, changed=changed,
+            self._steps[index] = Step(index, first, len(records), total,
+                                      values=dict(values) or None, times=_ints(times),
+                                      meta={"edits": edits} if edits is not None else None,
+                                      capture_ns=trace.meta.get("capture_ns", 0),
+                                      changed=changed, changed_other=other,
                                       call_order=order, call_times=call_times,
                                       structure=self._own(first, trace.output_structure))
 
@@ -242,8 +302,8 @@ class StepRun:
         lines = [head]
         for i in self.captured:
             step = self._steps[i]
-            saved = len(step.values) if step.values is not None else step.saved \
-                if step.saved is not None else sum(op.saved for op in step.trace.ops)
+            saved = step.saved if step.saved is not None else len(step.values or ()) \
+                if step.trace is None else sum(op.saved for op in step.trace.ops)
             graph = "own" if step.shares == i else f"= step {step.shares}"
             lines.append((str(i), str(step.ops), graph, f"{step.time_ns / 1e6:.2f}", str(saved),
                           "" if step.token is None else str(step.token)))
@@ -262,16 +322,17 @@ class StepRun:
 def _rebuild(template: Trace, step: Step) -> Trace:
     """Step ``step``'s Trace: the shared graph with its own values, times, shapes and costs
     where they differ, and edit rows."""
-    weights = {name: torch.Size(info["shape"]) for name, info in template.params.items()}
+    changed = step.costs()
+    values = step.values or {}
     ops = []
     for op in template.ops:
         own = {}
-        if op.index in step.changed:
-            shape, out_shapes, nbytes, flops = record_costs(step.changed[op.index], weights.get)
+        if op.index in changed:
+            shape, out_shapes, nbytes, flops = changed[op.index]
             own = {"shape": shape, "out_shapes": out_shapes, "nbytes": nbytes, "flops": flops}
         ops.append(dataclasses.replace(op, time_ns=step.times[op.index],
-                                       saved=op.index in step.values,
-                                       _value=step.values.get(op.index), **own))
+                                       saved=op.index in values,
+                                       _value=values.get(op.index), **own))
     meta = _step_meta(template, step)
     modules = {a: m.copy() for a, m in template.modules.items()}
     own = dict(zip(step.call_order, step.call_times))
@@ -285,8 +346,8 @@ def _rebuild(template: Trace, step: Step) -> Trace:
 
 def _step_meta(template: Trace, step: Step) -> dict:
     """A shared step's meta: its graph's, with its own (capture time, edit rows) and index."""
-    return {**{k: v for k, v in template.meta.items() if k != "edits"}, **step.meta,
-            "step": step.index}
+    return {**{k: v for k, v in template.meta.items() if k != "edits"}, **(step.meta or {}),
+            "capture_ns": step.capture_ns, "step": step.index}
 
 
 def _parts(trace: Trace) -> tuple:
