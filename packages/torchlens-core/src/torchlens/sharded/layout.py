@@ -106,6 +106,48 @@ def gather(value: torch.Tensor, layout: Layout) -> torch.Tensor:
     return plain(local.full_tensor())
 
 
+def gather_many(items: list[tuple[torch.Tensor, Layout | None]]) -> list[torch.Tensor]:
+    """The whole values of many local parts at once, in the order given: one all_gather per
+    mesh and dtype for the shards, one all_reduce per mesh and dtype for the partial sums
+    (every rank gives the same items, so the groups and their order agree). A part that is
+    not an even split of its whole is gathered on its own."""
+    import torch.distributed as dist
+
+    out: list = [None] * len(items)
+    groups: dict[tuple, list[int]] = {}
+    for i, (local, layout) in enumerate(items):
+        if not layout:
+            out[i] = plain(local)
+            continue
+        kind, dim, mesh, whole = layout
+        if kind == "shard":
+            split = list(local.shape)
+            split[dim] *= mesh.size()
+            if tuple(split) != tuple(whole):
+                out[i] = gather(local, layout)
+                continue
+        groups.setdefault((kind, id(mesh), local.dtype), []).append(i)
+    for (kind, _, _), members in groups.items():
+        locals_ = [plain(items[i][0]).detach() for i in members]
+        mesh = items[members[0]][1][2]
+        group = mesh.get_group()
+        flat = torch.cat([t.reshape(-1) for t in locals_])
+        if kind == "partial":
+            dist.all_reduce(flat, group=group)
+            parts = [flat]
+        else:
+            parts = [torch.empty_like(flat) for _ in range(mesh.size())]
+            dist.all_gather(parts, flat, group=group)
+        offset = 0
+        for i, t in zip(members, locals_):
+            n = t.numel()
+            pieces = [p[offset:offset + n].view(t.shape) for p in parts]
+            out[i] = pieces[0].clone() if kind == "partial" else torch.cat(
+                pieces, dim=items[i][1][1])
+            offset += n
+    return out
+
+
 def plain(value: torch.Tensor) -> torch.Tensor:
     """A plain tensor of ``value`` (an AsyncCollectiveTensor waited for)."""
     wait = getattr(value, "trigger_wait", None)

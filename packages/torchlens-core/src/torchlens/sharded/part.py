@@ -326,36 +326,52 @@ class Sharded(Part):
 
     # -- whole values --------------------------------------------------------------------------
     def _whole(self) -> None:
-        """Every saved value made whole, in op order, on every rank."""
-        from torch.distributed.tensor import DTensor
+        """Every saved value made whole on every rank: the parts gathered together
+        (``layout.gather_many``), in op order."""
+        from torch.distributed.tensor import DTensor, Partial
 
-        from .layout import placements_of, plain, whole_of
+        from .layout import gather_many, of_dtensor, placements_of, plain, whole_of
 
         s = self.state
+        items: list = []  # (index, local part, layout, the value kept as op.local)
         with DisableTorchFunction():
             for index in sorted(s.values):
                 value = s.values[index]
                 layout = self.by_index.get(index)
-                if isinstance(value, tuple):
+                if isinstance(value, tuple):  # several outputs: each DTensor on its own
                     new = tuple(whole_of(v, None) if isinstance(v, torch.Tensor) else v
                                 for v in value)
+                    self._keep(index, new)
                 elif not isinstance(value, torch.Tensor):
                     continue
                 elif _is_dtensor(value):
-                    new = whole_of(value, None)
-                    self.locals[index] = value.detach()
+                    placement = value.placements[0]
+                    if isinstance(placement, Partial) and placement.reduce_op != "sum":
+                        self._keep(index, whole_of(value, None))  # not a sum: on its own
+                        self.locals[index] = value.detach()
+                    else:
+                        items.append((index, value._local_tensor, of_dtensor(value),
+                                      value.detach()))
                 elif layout:
-                    new = whole_of(value, layout)
-                    self.locals[index] = DTensor.from_local(
-                        value.detach(), layout[2], placements_of(layout), run_check=False,
-                        shape=new.shape, stride=new.stride())
+                    items.append((index, value, layout, None))
                 elif type(value) is not torch.Tensor:
-                    new = plain(value)
-                else:
-                    continue
-                if s.held is not None:
-                    s.held.forget(index)
-                s.values[index] = new.detach()
+                    self._keep(index, plain(value))
+            wholes = gather_many([(local, layout) for _, local, layout, _ in items])
+            for (index, local, layout, kept), new in zip(items, wholes):
+                if kept is None and layout:
+                    kept = DTensor.from_local(local.detach(), layout[2], placements_of(layout),
+                                              run_check=False, shape=new.shape,
+                                              stride=new.stride())
+                if kept is not None:
+                    self.locals[index] = kept
+                self._keep(index, new)
+
+    def _keep(self, index: int, new: Any) -> None:
+        """``new`` is op ``index``'s saved value from now on."""
+        s = self.state
+        if s.held is not None:
+            s.held.forget(index)
+        s.values[index] = new.detach() if isinstance(new, torch.Tensor) else new
 
     # -- agreement and FSDP2 -------------------------------------------------------------------
     def _agree(self, session: Session) -> None:
