@@ -49,7 +49,7 @@ def test_tensor_parallel_values_read_whole_on_every_rank(models):
         assert tp["meta"] == {"placement": ["Shard(dim=1)"], "mesh": [2], "local_shape": [4, 16]}
         assert tp["module_out"] == ["linear_1"] and tp["grads_differ"] == []
         row = next(line for line in tp["summary"].splitlines() if line.startswith("up "))
-        assert "4×32" in row and "288" in row
+        assert "4×32 Shard(dim=1)" in row and "288" in row
 
 
 def test_edits_address_the_whole_tensor(models):

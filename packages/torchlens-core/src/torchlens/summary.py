@@ -67,6 +67,10 @@ class Summary:
                 tied[owner] = tied.get(owner, 0) + info["numel"]
         flops_of = {op.label: op.flops for op in trace.ops}
         shapes_of = {op.label: op.out_shapes for op in trace.ops}
+        # a model sharded across processes: how each sharded output is split (the shapes are
+        # the whole's)
+        placed = {op.label: op.meta["sharded"]["placement"] for op in trace.ops
+                  if isinstance((op.meta or {}).get("sharded", {}).get("placement"), list)}
         calls = [c for m in trace.modules.values() for c in m.calls]
         calls.sort(key=lambda c: trace[c.ops[0]].index if c.ops else 10**9)
         expanded = {a for a, m in trace.modules.items()
@@ -95,6 +99,9 @@ class Summary:
                 "flops": flops, "macs": flops // 2 if flops is not None else None,
                 "time_ms": call.time_ns / 1e6, "pass_num": call.pass_num,
             })
+            placement = [p for o in call.output_ops for p in placed.get(o, ())]
+            if placement:
+                rows[-1]["placement"] = placement
             if with_ops:
                 rows.extend(self._op_rows(call, module.depth + 1, flops_of))
         return rows
@@ -182,8 +189,11 @@ class Summary:
                 f"{params} +{row['tied_params']:,} tied"
         pct = "--" if row.get("op") or row["pass_num"] > 1 else f"{row['params_pct']:.1f}%"
         time_ms = "--" if row["time_ms"] is None else f"{row['time_ms']:.3f}"
+        shape = format_shapes(row["output_shape"], most=2)
+        if row.get("placement"):  # split across processes: the whole shape, and how
+            shape += f" {', '.join(row['placement'])}"
         cells = [f"{indent}{row['layer']} ({row['type']})",
-                 format_shapes(row["output_shape"], most=2), params, pct, human(row["flops"]),
+                 shape, params, pct, human(row["flops"]),
                  human(row["macs"]), time_ms]
         if self.grads is not None:
             norm = row.get("grad_norm")
