@@ -298,6 +298,11 @@ def check_disagree(out: dict, x: torch.Tensor, rank: int) -> None:
     out["disagree_save"] = refusal(lambda: tl.trace(model, x, save=["relu_1"] if rank else
                                                     ["linear_1"]))
     out["after_disagree"] = same(tl.trace(model, x), tl.trace(ref, x))["values_differ"] == []
+    # tl.record cannot gather rows whole yet: refused on every rank before any forward (it
+    # crashed the process with a segmentation fault)
+    folder = Path(sys.argv[1]) / "store"
+    out["record"] = [refusal(lambda: tl.record(model, [x, x], save=["relu_1"], to=folder)),
+                     refusal(lambda: tl.record(model, [x, x], save=["relu_1"]))]
     # a forward whose ops differ between the ranks (a branch on the rank): refused when it
     # ends, before any value is gathered
     branching = Branching()

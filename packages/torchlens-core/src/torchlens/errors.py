@@ -85,6 +85,8 @@ CODES: dict[str, str] = {
                               "different captures (save=, edits=, input shapes)",
     "sharded_rank_failed": "a collective of a sharded capture failed: another rank raised, "
                            "timed out or is not running the same capture",
+    "record_sharded_unsupported": "tl.record on a model sharded across processes (DTensor "
+                                  "parameters), whose rows it cannot gather whole yet",
     # edits and patching (tl.edits, edits=, tl.patching)
     "edit_invalid": "an edit, its site key, index= or item= is malformed, or a callable edit "
                     "returned no tensor",

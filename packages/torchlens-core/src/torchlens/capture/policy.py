@@ -305,8 +305,10 @@ def _put_back(module: nn.Module, table: str, local: str, original: torch.Tensor)
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """``t``'s bytes as a flat uint8 tensor on its device (a copy only if not contiguous; a
-    sparse tensor's are those of its dense values)."""
+    sparse tensor's are those of its dense values; a DTensor's, its own process's part)."""
     data = t.detach()
+    if type(data) is not torch.Tensor and hasattr(type(data), "to_local"):
+        data = data.to_local()  # a DTensor holds no storage of its own: read its shard
     if data.layout is not torch.strided:
         data = data.to_dense()
     if data.is_quantized:
