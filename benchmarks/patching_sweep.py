@@ -11,8 +11,10 @@ rotating order, ``rounds`` times; the median grid time is reported. All grids ar
 agree with the hand-written one before any time counts.
 
 Targets (issue 45): ``batch_size=1`` costs at most 1.15x the hand-written loop; batched
-(``batch_size=16`` or ``64``, the faster) is at least 3x faster than it. Results:
-``benchmarks/results/sweep.*``.
+(``batch_size=16`` or ``64``, the faster) is at least 3x faster than it. Paired (issue 61 §7):
+on GPT-2 12 layers 256 wide, each ``batch_size=1`` grid runs right beside a hook-loop grid
+(which first alternates), ``--pairs`` times; the median of their ratios is at most 1.05x.
+``--only-paired`` runs that part alone. Results: ``benchmarks/results/sweep.*``.
 """
 
 from __future__ import annotations
@@ -91,11 +93,69 @@ def with_nnsight(model, clean, corrupt) -> torch.Tensor:
     return grid
 
 
+def paired(pairs: int) -> dict:
+    """``batch_size=1`` grids each beside a hook-loop grid, on GPT-2 12 layers 256 wide."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_embd=256, n_head=4, use_cache=False)).eval()
+    torch.manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (1, SEQ))
+    clean, corrupt = {"input_ids": ids}, {"input_ids": (ids + 7) % model.config.vocab_size}
+    hand = lambda: by_hand(model, clean, corrupt)  # noqa: E731
+    ours = lambda: with_torchlens(model, clean, corrupt, 1)  # noqa: E731
+    auto = lambda: tl.patching.sweep(model, clean, corrupt, sites=["transformer.h.*"],  # noqa
+                                     metric=metric)
+    assert float((ours() - hand()).abs().max()) < 1e-4
+    ratios, auto_ratios = [], []
+    for k in range(pairs):
+        order = [("hand", hand), ("ours", ours)] if k % 2 == 0 else [("ours", ours),
+                                                                     ("hand", hand)]
+        took = {}
+        for name, fn in order:
+            gc.collect()
+            t0 = time.perf_counter()
+            fn()
+            took[name] = time.perf_counter() - t0
+        ratios.append(took["ours"] / took["hand"])
+        gc.collect()
+        t0 = time.perf_counter()
+        grid = auto()
+        auto_ratios.append((time.perf_counter() - t0) / took["hand"])
+        print(f"pair {k}: hook loop {took['hand']:.2f} s, batch_size=1 {took['ours']:.2f} s "
+              f"({ratios[-1]:.3f}x), default ({grid.batch_size} a forward) "
+              f"{auto_ratios[-1]:.3f}x", flush=True)
+    return {"ratios": ratios, "median": statistics.median(ratios),
+            "auto_ratios": auto_ratios, "auto_median": statistics.median(auto_ratios)}
+
+
+def _paired_lines(p: dict) -> list[str]:
+    return [f"paired, GPT-2 12 layers 256 wide, {len(p['ratios'])} pairs: batch_size=1 over "
+            f"the hook loop beside it {', '.join(f'{r:.3f}' for r in p['ratios'])}",
+            f"target batch_size=1 <= 1.05x the hook loop beside it (median): "
+            f"{p['median']:.3f}x {'PASS' if p['median'] <= 1.05 else 'MISS'}",
+            f"the default (batches where the rows are independent): {p['auto_median']:.3f}x "
+            "the hook loop"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--only-paired", action="store_true")
     parser.add_argument("--no-nnsight", action="store_true")
     args = parser.parse_args()
+    if args.only_paired:
+        pairs = paired(args.pairs)
+        lines = _paired_lines(pairs)
+        print("\n".join(lines))
+        with open(os.path.join(HERE, "results", "sweep_paired.json"), "w",
+                  encoding="utf-8") as fh:
+            json.dump({"machine": machine(), **pairs}, fh, indent=1)
+        with open(os.path.join(HERE, "results", "sweep_paired.txt"), "w",
+                  encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
+        return
     model, _ = build_model("gpt2")
     torch.manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (1, SEQ))
@@ -138,11 +198,13 @@ def main() -> None:
                  f"{'PASS' if one / hand <= 1.15 else 'MISS'}")
     lines.append(f"target batched >= 3x faster than the hook loop: {hand / many:.2f}x "
                  f"{'PASS' if hand / many >= 3 else 'MISS'}")
+    pairs = paired(args.pairs)
+    lines += _paired_lines(pairs)
     print("\n".join(lines))
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "sweep.json"), "w", encoding="utf-8") as fh:
         json.dump({"machine": machine(), "seconds": times, "median_s": med,
-                   "max_abs_diff": agree}, fh, indent=1)
+                   "max_abs_diff": agree, "paired": pairs}, fh, indent=1)
     with open(os.path.join(HERE, "results", "sweep.txt"), "w", encoding="utf-8") as fh:
         fh.write("\n".join(lines) + "\n")
 

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import subprocess
@@ -213,8 +214,14 @@ def compiled(args) -> dict:
     gpt = gpt2()
     return {"gpt2": _compiled_case(gpt, prompts(args.compiled_inputs), labels_for(gpt),
                                    args.rounds),
-            "vit": _compiled_case(vit(), images(args.compiled_inputs // 4),
-                                  [f"encoder.layer.{i}" for i in (2, 5, 8, 11)], args.rounds)}
+            "vit": _compiled_case(model := vit(), images(args.compiled_inputs // 4),
+                                  _blocks(model), args.rounds)}
+
+
+def _blocks(model) -> list[str]:
+    """Four of a ViT's blocks, evenly spaced (``layers.N`` or ``encoder.layer.N``)."""
+    blocks = [a for a, _ in model.named_modules() if re.fullmatch(r"(encoder\.)?layers?\.\d+", a)]
+    return [blocks[i] for i in (2, 5, 8, 11)]
 
 
 def _child(argv: list[str], threads: int | None = None) -> dict:

@@ -57,13 +57,15 @@ def test_every_cell_equals_a_hand_written_hook_and_is_normalised():
     assert torch.allclose(grid.values, (grid.raw - k) / (c - k))
     # the last block patched at the last position carries everything the metric reads
     assert grid.values[2, 4].item() == pytest.approx(1.0, abs=1e-5)
-    assert grid.forwards == 15
+    assert grid.forwards == 2 and grid.batch_size == 16  # by default 15 cells in one forward,
+    # and the first cell alone beside it
 
 
 def test_batching_cells_gives_the_same_grid_in_fewer_forwards():
     model, clean, corrupt = _setup()
     adds = [op.label for op in tl.trace(model, clean, save=None) if op.func == "add"]
-    one = tl.patching.sweep(model, clean, corrupt, sites=["blocks.*", adds[1]], metric=metric)
+    one = tl.patching.sweep(model, clean, corrupt, sites=["blocks.*", adds[1]], metric=metric,
+                            batch_size=1)
     many = tl.patching.sweep(model, clean, corrupt, sites=["blocks.*", adds[1]], metric=metric,
                              batch_size=7)
     assert torch.allclose(one.raw, many.raw, atol=1e-6)
@@ -125,8 +127,11 @@ def test_a_model_whose_batch_rows_mix_refuses_batching():
     with pytest.raises(tl.TorchLensError) as err:
         tl.patching.sweep(model, clean, corrupt, sites="fc", metric=out_metric, batch_size=4)
     assert err.value.code == "patching_batch_unsafe"
+    # by default it batches only where the rows are independent: here a cell a forward
     grid = tl.patching.sweep(model, clean, corrupt, sites="fc", metric=out_metric)
-    assert grid.values.shape == (1, 5)
+    one = tl.patching.sweep(model, clean, corrupt, sites="fc", metric=out_metric, batch_size=1)
+    assert grid.values.shape == (1, 5) and grid.batch_size == 1
+    assert torch.equal(grid.raw, one.raw) and grid.forwards == one.forwards + 1  # the check
 
 
 # ---- the heatmap reads: legend, a diverging scale, one precision, tokens ----------------------

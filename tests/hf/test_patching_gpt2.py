@@ -17,7 +17,8 @@ def test_gpt2_residual_sweep_equals_hooks_and_batches(tmp_path):
     def metric(out):
         return out.logits[0, -1, 5] - out.logits[0, -1, 7]
 
-    grid = tl.patching.sweep(model, clean, corrupt, sites=["transformer.h.*"], metric=metric)
+    grid = tl.patching.sweep(model, clean, corrupt, sites=["transformer.h.*"], metric=metric,
+                             batch_size=1)
     batched = tl.patching.sweep(model, clean, corrupt, sites=["transformer.h.*"],
                                 metric=metric, batch_size=6)
     assert torch.allclose(grid.raw, batched.raw, atol=1e-5)

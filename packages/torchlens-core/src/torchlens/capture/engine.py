@@ -297,8 +297,13 @@ def _capture_light(request: CaptureRequest, parts: list) -> Trace:
     if ends:  # numbered as the full trace numbers them, the inputs before the forward runs
         _keep_ends(state, "input", session.inputs, ends)
     runner = next((p for p in parts if p.runs), None)
+    modules = inv.modules
+    if not save_labels and state.seam is None:  # no op label to number: frames only where
+        # a module's output is kept or edited (a patching cell's forward)
+        acting = save_modules | set(seam.modules if seam is not None else ())
+        modules = [(address, m) for address, m in modules if address in acting]
     handles = [] if runner is not None else \
-        install_boundaries(inv.modules, state, session.calls, save_modules, seam)
+        install_boundaries(modules, state, session.calls, save_modules, seam)
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     try:

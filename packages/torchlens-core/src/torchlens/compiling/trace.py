@@ -25,12 +25,14 @@ def refuse_compiled_trace(model: nn.Module, save: Any, save_grads: Any,
                          teach=["tl.trace(model, x, save=['blocks.*.hook_resid_post'], "
                                 "compile=True)",
                                 "tl.trace(model, x, save=['layer1', 'relu_3'], compile=True)"])
-    if save_grads is not None or intervention_ready:
-        what = "save_grads=" if save_grads is not None else "intervention_ready=True"
-        raise InputError(f"compile= runs one compiled forward; {what} needs the eager capture's "
-                         "own records", code="option_invalid",
-                         teach=[f"tl.trace(model, x, save={save!r}, {what.replace('=True', '')}"
-                                f"{'...' if save_grads is not None else '=True'})"])
+    if save_grads is not None:
+        raise InputError("compile= runs one compiled forward; save_grads= needs the eager "
+                         "capture's own autograd graph", code="option_invalid",
+                         teach=["tl.trace(model, x, save=[...], save_grads=[...])  # eager"])
+    if intervention_ready:
+        raise InputError("compile= runs one compiled forward; intervention_ready=True needs the "
+                         "eager capture's own records", code="option_invalid",
+                         teach=["tl.trace(model, x, intervention_ready=True)  # eager"])
     return getattr(model, "_orig_mod", model)
 
 

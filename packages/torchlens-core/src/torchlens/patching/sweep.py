@@ -59,22 +59,27 @@ class _CellPatch(Edit):
 
 def sweep(model: nn.Module, clean: Any, corrupt: Any, /, *, sites: str | Iterable[str],
           metric: Callable[[Any], Any], positions: Iterable[int] | None = None,
-          batch_size: int = 1, tokenizer: Any = None, processor: Any = None,
+          batch_size: int | None = None, tokenizer: Any = None, processor: Any = None,
           preprocess: Any = None) -> PatchingSweep:
     """Patch the clean value of each site (op labels, module addresses, globs) at each position
     of dimension 1 (default: every position) into the corrupt run; ``metric(output)`` per cell,
     normalised to the clean (1) and corrupt (0) runs. ``batch_size`` cells share one forward
     (the corrupt input repeated along its batch dimension); the first cell is checked against a
     forward of its own, so a model whose rows are not independent refuses instead of answering
-    wrong."""
+    wrong. The default batches ``AUTO_BATCH`` cells where the corrupt input has one row and that
+    check holds, and runs a cell a forward where it does not."""
     from ..verbs import trace
 
     call = SweepCall(SURFACE, sites)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    auto = batch_size is None
+    if not auto and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                     or batch_size < 1):
         raise InputError(f"batch_size= takes a positive int, not {batch_size!r}",
                          code="option_invalid", teach=[call.text(batch_size=16)])
-    inv, rows, good, bad = prepare(model, clean, corrupt, sites, metric, call, batch_size,
-                                   (tokenizer, processor, preprocess))
+    inv, rows, good, bad = prepare(model, clean, corrupt, sites, metric, call,
+                                   1 if auto else batch_size, (tokenizer, processor, preprocess))
+    if auto:
+        batch_size = AUTO_BATCH if _one_row(bad) else 1
     with torch.no_grad():
         out = model(*good.args, **good.kwargs)
         clean_metric = metric_value(metric, out, "clean", call)
@@ -86,17 +91,26 @@ def sweep(model: nn.Module, clean: Any, corrupt: Any, /, *, sites: str | Iterabl
         positions = checked_positions(source, rows, positions, call)
         cells = [(i, j) for i in range(len(rows)) for j in range(len(positions))]
         raw = torch.empty(len(rows), len(positions), dtype=torch.float64)
-        forwards = 0
-        for start in range(0, len(cells), batch_size):
+        forwards = start = 0
+        while start < len(cells):
             chunk = cells[start:start + batch_size]
             values = _run(model, inv, source, rows, positions, chunk, bad, metric, call)
             forwards += 1
+            if start == 0 and len(chunk) > 1:
+                alone = _run(model, inv, source, rows, positions, chunk[:1], bad, metric,
+                             call)[0]
+                forwards += 1
+                if abs(alone - values[0]) > 1e-4 * max(1.0, abs(alone)):
+                    if not auto:
+                        raise CaptureError(
+                            f"a cell patched in a batch gave {values[0]:.6g}, alone "
+                            f"{alone:.6g}: this model's batch rows are not independent (batch "
+                            "statistics, a mask over the batch)",
+                            code="patching_batch_unsafe", teach=[call.text(batch_size=1)])
+                    batch_size, chunk, values = 1, chunk[:1], [alone]  # a cell a forward
             for (i, j), value in zip(chunk, values):
                 raw[i, j] = value
-            if start == 0 and len(chunk) > 1:
-                _check_batching(model, inv, source, rows, positions, chunk[0], bad, metric,
-                                values[0], call)
-                forwards += 1
+            start += len(chunk)
     return PatchingSweep(rows, positions, raw, clean_metric, corrupt_metric, batch_size,
                          forwards, tokens=sweep_tokens(source, rows[0]))
 
@@ -242,6 +256,14 @@ def _rows(model: nn.Module, inv: Any, texts: Any, call: SweepCall) -> list[str]:
     return list(rows)
 
 
+AUTO_BATCH = 16  # cells a forward by default, where the model's rows are independent
+
+
+def _one_row(bad: Any) -> bool:
+    """The corrupt input has a batch dimension of one (so cells can be its rows)."""
+    return all(t.dim() > 0 and t.shape[0] == 1 for t in leaves((bad.args, bad.kwargs), []))
+
+
 def _check_inputs(good: Any, bad: Any, batch_size: int, call: SweepCall) -> None:
     a, b = leaves((good.args, good.kwargs), []), leaves((bad.args, bad.kwargs), [])
     if [tuple(t.shape) for t in a] != [tuple(t.shape) for t in b]:
@@ -252,7 +274,7 @@ def _check_inputs(good: Any, bad: Any, batch_size: int, call: SweepCall) -> None
             code="patching_inputs_mismatch",
             teach=[call.text("clean and corrupt of one shape: pad or truncate both prompts to "
                              "the same number of tokens")])
-    if batch_size > 1 and any(t.dim() == 0 or t.shape[0] != 1 for t in b):
+    if batch_size > 1 and not _one_row(bad):
         raise InputError("batch_size > 1 repeats the corrupt input along its batch dimension, "
                          "which must be 1", code="option_invalid",
                          teach=[call.text(batch_size=1)])
@@ -314,17 +336,6 @@ def _run(model, inv, source, rows, positions, chunk, bad, metric, call) -> list[
     if n == 1:
         return [metric_value(metric, out, "patched", call)]
     return [metric_value(metric, _row(out, r), "patched", call) for r in range(n)]
-
-
-def _check_batching(model, inv, source, rows, positions, cell, bad, metric, batched,
-                    call) -> None:
-    alone = _run(model, inv, source, rows, positions, [cell], bad, metric, call)[0]
-    if abs(alone - batched) > 1e-4 * max(1.0, abs(alone)):
-        raise CaptureError(
-            f"a cell patched in a batch gave {batched:.6g}, alone {alone:.6g}: this model's "
-            "batch rows are not independent (batch statistics, a mask over the batch)",
-            code="patching_batch_unsafe",
-            teach=[call.text(batch_size=1)])
 
 
 def _repeat(value: Any, n: int) -> Any:
