@@ -123,14 +123,14 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         with forward_errors(res, "trace"):
             result = capture(CaptureRequest(model, args, kwargs, save=save,
                                             inventory=res.inventory),
-                             _parts(model, plan, grads, keeper, named))
+                             _parts(model, plan, grads, keeper, named, inv=inv))
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     elif res.verified is not None:
         result = res.verified
         if not saves_nothing(save) or plan is not None or named is not None:
             check_save_budget(res.provenance, save)
             result = pinned_capture(model, res.args, res.kwargs, save=save, surface="trace",
-                                    parts=_parts(model, plan, keeper, named))
+                                    parts=_parts(model, plan, keeper, named, inv=inv))
             res.provenance["recapture"] = {
                 "reason": f"save={save!r} is not satisfied by the metadata-only verified capture"
                 if plan is None else "edits= apply to a capture of their own",
@@ -140,7 +140,7 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
         with forward_errors(res, "trace"):
             result = capture(CaptureRequest(model, res.args, res.kwargs, save=save,
                                             inventory=res.inventory),
-                             _parts(model, plan, keeper, named))
+                             _parts(model, plan, keeper, named, inv=inv))
         _warn_bn_train(result.meta["train_mode_batchnorm"])
     result.provenance = res.provenance
     _note_edits(result, plan)
@@ -157,10 +157,12 @@ def trace(model: nn.Module, input: Any = ABSENT, /, *, input_kwargs: dict | None
     return result
 
 
-def _parts(model: nn.Module, *parts: Any) -> list:
+def _parts(model: nn.Module, *parts: Any, inv: Any = None) -> list:
     """The parts a capture takes, those given (edits first, so observers see edited values),
-    with the sharded gather around them for a model sharded across processes."""
-    return sharded.join(model, [p for p in parts if p is not None])
+    with the sharded gather around them for a model sharded across processes (``inv``: the
+    model's inventory, whose parameter list is checked instead of walking the model)."""
+    return sharded.join(model, [p for p in parts if p is not None],
+                        params=inv.params if inv is not None else None)
 
 
 def _note_edits(result: Trace, plan: EditPlan | None) -> None:
@@ -188,7 +190,8 @@ def pinned_trace(model: nn.Module, input: Any, *, input_kwargs: dict | None, inp
     if result is None or plan is not None:
         with forward_errors(res, surface):
             result = pinned_capture(model, res.args, res.kwargs, save=None, surface=surface,
-                                    warmup=warmup, inv=res.inventory, parts=_parts(model, plan))
+                                    warmup=warmup, inv=res.inventory,
+                                    parts=_parts(model, plan, inv=res.inventory))
     result.provenance = res.provenance
     _note_edits(result, plan)
     result._objects.update({"model": model, "rerun": rerun, **res.objects})

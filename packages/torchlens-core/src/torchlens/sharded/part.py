@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from torch._C import DisableTorchFunction
+from torch.nn import Parameter
 from torch.overrides import TorchFunctionMode
 
 from ..capture.boundaries import leaves
@@ -50,19 +51,22 @@ _RANK_FAILED_TEACH = [
 ]
 
 
-def sharded_model(model: Any) -> bool:
-    """Whether ``model`` holds a DTensor parameter (tensor parallel, or FSDP2's shards)."""
+def sharded_model(model: Any, params: list | None = None) -> bool:
+    """Whether ``model`` holds a DTensor parameter (tensor parallel, or FSDP2's shards);
+    ``params``: its ``(name, parameter)`` list when the caller has it (no walk of the model)."""
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is None:
         return False
     kind = dtensor.DTensor
+    if params is not None:
+        return any(type(p) is not Parameter and isinstance(p, kind) for _, p in params)
     return any(isinstance(p, kind) for p in model.parameters())
 
 
-def join(model: Any, parts: list) -> list:
+def join(model: Any, parts: list, params: list | None = None) -> list:
     """The parts of a capture of ``model``: with the sharded gather around the surface's parts
     when the model is sharded across processes, else the parts as they are."""
-    if not sharded_model(model):
+    if not sharded_model(model, params):
         return parts
     head = Sharded(model, parts)
     return [head, *parts, Resplit(head)]
