@@ -144,6 +144,42 @@ def test_save_every_step_edit_only_some_equals_hooks(lm, gpt2):
     assert err.value.code == "option_invalid" and "edits=" in err.value.teach[0]
 
 
+def test_transformer_names_in_a_generation_equal_hooks(lm, gpt2):
+    """Names are bound at each step to its own input (issue 58): a head of hook_z zeroed on
+    steps 1-2 is a pre-hook zeroing that head's columns of c_proj's input on those calls."""
+    heads, d_head = lm.config.n_head, lm.config.n_embd // lm.config.n_head
+    calls, kept = [0], []
+
+    def zero_head(module, args):
+        calls[0] += 1
+        if calls[0] - 1 in (1, 2):
+            x = args[0].clone()
+            x[..., d_head:2 * d_head] = 0
+            return (x,)
+
+    handles = [lm.transformer.h[0].attn.c_proj.register_forward_pre_hook(zero_head),
+               lm.transformer.h[0].register_forward_hook(
+                   lambda m, a, o: kept.append((o[0] if isinstance(o, tuple) else o).clone()))]
+    ids = gpt2.tokenizer(PROMPT, return_tensors="pt")["input_ids"]
+    try:
+        want = lm.generate(ids, max_new_tokens=4, do_sample=False,
+                           pad_token_id=gpt2.tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
+    finally:
+        for handle in handles:
+            handle.remove()
+    run = tl.generate(lm, PROMPT, max_new_tokens=4,
+                      save=["blocks.0.hook_resid_post", "blocks.0.attn.hook_pattern"],
+                      edits={"blocks.0.attn.hook_z": tl.edits.zero(head=1)}, edit_steps=[1, 2])
+    assert run.tokens == want
+    assert sorted({row["step"] for row in run.edits}) == [1, 2]
+    for i in range(4):
+        step = run[i]
+        assert torch.allclose(step["blocks.0.hook_resid_post"].out, kept[i], atol=1e-5)
+        pattern = step["blocks.0.attn.hook_pattern"].out
+        assert pattern.shape[1] == heads and torch.allclose(pattern.sum(-1),
+                                                            torch.ones(()), atol=1e-5)
+
+
 def test_tl_generate_is_the_loop_torchlens_hf_provides():
     from torchlens.plugins import hook
     from torchlens_hf.generation import generate

@@ -142,6 +142,7 @@ def lookup(trace: Any, key: str) -> Named:
     return named
 
 
+@capabilities.provide("has_transformer_names")
 def has_names(save: Any, edits: Any, inv: Any) -> bool:
     """Whether ``save=`` or ``edits=`` names a transformer name (checked without a forward)."""
     addresses = [address for address, _ in inv.modules if address]
@@ -149,6 +150,7 @@ def has_names(save: Any, edits: Any, inv: Any) -> bool:
         isinstance(edits, Mapping) and names_in(list(edits), addresses)))
 
 
+@capabilities.provide("bind_transformer_names")
 def bind_request(model: Any, args: tuple, kwargs: dict, inv: Any, save: Any,
                  edits: Any) -> tuple[Any, dict[str, list[Any]], Names | None]:
     """A surface's ``save=`` and ``edits=`` with their transformer names bound: (``save`` with

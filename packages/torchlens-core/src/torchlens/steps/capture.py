@@ -18,6 +18,7 @@ from typing import Any
 
 from torch import nn
 
+from ..capabilities import lookup
 from ..capture.boundaries import Kept
 from ..capture.engine import capture, parse_save, saves_nothing
 from ..capture.entry import checked_inventory
@@ -30,6 +31,7 @@ from .follow import Follower
 from .run import StepRun
 
 MARK = "_torchlens_steps"
+_NAMED = object()  # edits= naming transformer names: planned at each step, once bound
 
 
 class StepKeeper(Part):
@@ -197,8 +199,12 @@ def capture_steps(model: nn.Module, call: StepsCall, *, save: Any, edits: Any, a
                         "another", code="steps_nested",
                         teach=[call.text("one block at a time: end the outer one first")])
     inv = checked_inventory(model, surface)
-    parse_save(save, model, inv, surface)
-    plan = plan_edits(edits, inv, model, allow_unfired, surface)
+    # transformer names are bound at each captured step, to its own input (capabilities)
+    names = lookup("has_transformer_names")(save, edits, inv)
+    if not names:
+        parse_save(save, model, inv, surface)
+    plan = plan_edits(edits, inv, model, allow_unfired, surface) if not names else \
+        _NAMED if edits is not None else None
     chosen, wanted = selector(at_steps, call)
     edited, edit_wanted = (chosen, []) if edit_steps is None else \
         selector(edit_steps, call, "edit_steps")
@@ -223,16 +229,24 @@ def capture_steps(model: nn.Module, call: StepsCall, *, save: Any, edits: Any, a
         nonlocal inv
         if inv is None:  # the previous step created parameters: read the model again
             inv = inventory(model)
-        keeper = StepKeeper()
-        parts = [p for p in (plan if editing else None, keeper) if p is not None]
-        graph = run.follow() if not editing and saves_nothing(save) else None
+        keeper, step_save, named, step_plan = StepKeeper(), save, None, plan
+        if names:  # bound to this step's input; its Trace is kept whole (it holds the names)
+            step_save, sites, named = lookup("bind_transformer_names")(
+                model, args, kwargs, inv, save, edits)
+            parse_save(step_save, model, inv, surface)
+            step_plan = plan_edits(edits, inv, model, allow_unfired, surface, named=sites) \
+                if editing else None
+            keeper = None
+        parts = [p for p in (step_plan if editing else None, named, keeper) if p is not None]
+        graph = run.follow() if not editing and saves_nothing(step_save) and not names \
+            else None
         follower = None
         if graph is not None:  # follow the graph of the step before
             follower = Follower(*graph[1:], kept=lambda followed: run.add_followed(
                 index, graph[0], followed))
             parts.append(follower)
         own = dataclasses.replace(inv, param_ids=dict(inv.param_ids))
-        trace = capture(CaptureRequest(model, args, kwargs, save=save, inventory=own,
+        trace = capture(CaptureRequest(model, args, kwargs, save=step_save, inventory=own,
                                        keep_output=True, frames=kept), parts)
         out = trace._objects.pop("forward_output")
         if follower is not None and follower.outcome is not None:  # it kept to the graph
@@ -240,7 +254,7 @@ def capture_steps(model: nn.Module, call: StepsCall, *, save: Any, edits: Any, a
         if trace.annotations.get("capture_advisories"):
             inv = None
         trace.meta["step"] = index
-        run.add(index, trace, keeper.raw)
+        run.add(index, trace, keeper.raw if keeper is not None else None)
         return out
 
     model.__dict__[MARK] = run
