@@ -301,6 +301,7 @@ def check_disagree(out: dict, x: torch.Tensor, rank: int) -> None:
     # tl.record cannot gather rows whole yet: refused on every rank before any forward (it
     # crashed the process with a segmentation fault)
     folder = Path(sys.argv[1]) / "store"
+    out["compiled"] = refusal(lambda: tl.trace(model, x, save=["relu_1"], compile=True))
     out["record"] = [refusal(lambda: tl.record(model, [x, x], save=["relu_1"], to=folder)),
                      refusal(lambda: tl.record(model, [x, x], save=["relu_1"]))]
     # a forward whose ops differ between the ranks (a branch on the rank): refused when it

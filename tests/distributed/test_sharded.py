@@ -115,6 +115,7 @@ def test_ranks_asked_different_captures_or_failing_refuse_on_every_rank(tmp_path
         assert rank["disagree_save"]["code"] == "sharded_ranks_disagree"
         assert rank["branching"]["code"] == "sharded_ranks_disagree"
         assert [r["code"] for r in rank["record"]] == ["record_sharded_unsupported"] * 2
+        assert rank["compiled"]["code"] == "option_invalid"  # compile= keeps shards: refused
         assert rank["after_disagree"] and rank["after_branching"]
         assert rank["failed_model_kept"]
     assert ranks[1]["failed"] == {"error": "ValueError", "message": "rank 1's forward failed"}

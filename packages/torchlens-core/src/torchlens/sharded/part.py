@@ -97,6 +97,12 @@ class Sharded(Part):
     # -- the capture ---------------------------------------------------------------------------
     def start(self, session: Session) -> None:
         self.state = session.state
+        if session.state.light is not None:  # taps (compile=): values this part never sees
+            raise InputError(
+                "a light capture (compile=, taps) of a model sharded across processes would "
+                "keep each rank's shards, not whole values; it is not supported yet",
+                code="option_invalid",
+                teach=["tl.trace(model, x, save=[...])  # without compile=: whole values"])
         self._agree(session)
         self._fsdp_hooks()
 
