@@ -301,6 +301,10 @@ def check_disagree(out: dict, x: torch.Tensor, rank: int) -> None:
     # tl.record cannot gather rows whole yet: refused on every rank before any forward (it
     # crashed the process with a segmentation fault)
     folder = Path(sys.argv[1]) / "store"
+    ready = tl.trace(model, x, intervention_ready=True)
+    out["push"] = refusal(lambda: ready.push({"relu_1": tl.edits.zero()}))
+    out["run"] = torch.allclose(ready.run(x).ops[-1].out, tl.trace(ref, x).ops[-1].out,
+                                atol=1e-5)
     out["compiled"] = refusal(lambda: tl.trace(model, x, save=["relu_1"], compile=True))
     out["record"] = [refusal(lambda: tl.record(model, [x, x], save=["relu_1"], to=folder)),
                      refusal(lambda: tl.record(model, [x, x], save=["relu_1"]))]

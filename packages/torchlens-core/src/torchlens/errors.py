@@ -87,6 +87,8 @@ CODES: dict[str, str] = {
                            "timed out or is not running the same capture",
     "record_sharded_unsupported": "tl.record on a model sharded across processes (DTensor "
                                   "parameters), whose rows it cannot gather whole yet",
+    "push_sharded_unsupported": "trace.push on a trace of a model sharded across processes "
+                                "(whole values, sharded parameters); re-run with the edits",
     # edits and patching (tl.edits, edits=, tl.patching)
     "edit_invalid": "an edit, its site key, index= or item= is malformed, or a callable edit "
                     "returned no tensor",

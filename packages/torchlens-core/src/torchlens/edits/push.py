@@ -60,6 +60,13 @@ def push(trace: Trace, edits: Any, *, allow_unfired: bool = False) -> Trace:
             code="push_needs_values",
             teach=["trace = tl.trace(model, x, save='all', intervention_ready=True)",
                    "trace.push(edits)"])
+    if trace.meta.get("sharded"):  # its values are whole, its model's parameters shards
+        raise TorchLensError(
+            "trace.push recomputes from the trace's values, which are whole, with the model's "
+            "parameters, which are sharded across processes; that is not supported yet",
+            code="push_sharded_unsupported",
+            teach=["tl.trace(model, x, edits=edits)  # on every rank: a re-run with the edits",
+                   "trace.run(x, edits=edits)"])
     if trace.edited:
         raise TorchLensError("trace.push starts from an unedited trace; this one ran with edits",
                              code="edit_invalid",
