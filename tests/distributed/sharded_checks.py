@@ -305,6 +305,8 @@ def check_disagree(out: dict, x: torch.Tensor, rank: int) -> None:
     out["push"] = refusal(lambda: ready.push({"relu_1": tl.edits.zero()}))
     out["run"] = torch.allclose(ready.run(x).ops[-1].out, tl.trace(ref, x).ops[-1].out,
                                 atol=1e-5)
+    out["grad_edits"] = refusal(lambda: tl.trace(model, x, save_grads=["relu_1"],
+                                                 grad_edits={"relu_1": tl.edits.zero()}))
     out["compiled"] = refusal(lambda: tl.trace(model, x, save=["relu_1"], compile=True))
     out["record"] = [refusal(lambda: tl.record(model, [x, x], save=["relu_1"], to=folder)),
                      refusal(lambda: tl.record(model, [x, x], save=["relu_1"]))]

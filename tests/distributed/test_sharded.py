@@ -117,6 +117,7 @@ def test_ranks_asked_different_captures_or_failing_refuse_on_every_rank(tmp_path
         assert [r["code"] for r in rank["record"]] == ["record_sharded_unsupported"] * 2
         assert rank["compiled"]["code"] == "option_invalid"  # compile= keeps shards: refused
         assert rank["push"]["code"] == "push_sharded_unsupported" and rank["run"]
+        assert rank["grad_edits"]["code"] == "option_invalid"
         assert rank["after_disagree"] and rank["after_branching"]
         assert rank["failed_model_kept"]
     assert ranks[1]["failed"] == {"error": "ValueError", "message": "rank 1's forward failed"}

@@ -76,7 +76,7 @@ class Sharded(Part):
     """The leading part of a capture of a model sharded across processes (module docstring)."""
 
     def __init__(self, model: Any, parts: list):
-        self.model = model
+        self.model, self.parts = model, parts
         edited = [p for p in parts if hasattr(p, "specs")]  # an edit plan
         self.plan = edited[0] if edited else None
         self.ops = set(self.plan.ops) if self.plan is not None else ()
@@ -97,6 +97,14 @@ class Sharded(Part):
     # -- the capture ---------------------------------------------------------------------------
     def start(self, session: Session) -> None:
         self.state = session.state
+        if any(getattr(p, "observer", None) is not None and getattr(p, "edits", None)
+               for p in self.parts):  # a gradient edit's index would address this rank's part
+            raise InputError(
+                "grad_edits= on a model sharded across processes would address each rank's "
+                "part of the gradient, not the whole; it is not supported yet",
+                code="option_invalid",
+                teach=["tl.trace(model, x, save_grads=[...]); trace.backward(target)  # whole "
+                       "gradients, without grad_edits="])
         if session.state.light is not None:  # taps (compile=): values this part never sees
             raise InputError(
                 "a light capture (compile=, taps) of a model sharded across processes would "
