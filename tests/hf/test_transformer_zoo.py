@@ -133,8 +133,7 @@ def references(case, model, x):
     blocks = model.get_submodule(parts["blocks"])
     modules = dict(model.named_modules())
     inv = {m: a for a, m in modules.items()}
-    embed = inv.get(model.get_input_embeddings()) if case.kind == "decoder" or \
-        "input_ids" in x else None
+    embed = inv.get(model.get_input_embeddings())  # a ViT's: its patch embedding
     addresses = [a for a in (embed, parts.get("pos"), parts.get("ln_final")) if a]
     for layer in range(len(blocks)):
         b = f"{parts['blocks']}.{layer}"

@@ -58,8 +58,10 @@ def torchlens_tied_parameters(model):
 @hookspec
 def torchlens_transformer_hints(model):
     """What a plugin knows of a transformer's anatomy, as a dict (None: not mine): ``n_heads``,
-    ``n_kv_heads``, ``d_head``, ``parallel_residual``, ``rotary``, and the addresses ``embed``,
-    ``pos_embed``, ``unembed``. A hint: the op graph decides, and a disagreement refuses."""
+    ``n_kv_heads``, ``d_head``, ``parallel_residual``, ``rotary``, and the addresses ``embed``
+    (an embedding, or a module embedding patches), ``pos_embed``, ``unembed``, and
+    ``pos_embed_param`` (learned positions kept as a parameter, added to the stream). A hint:
+    the op graph decides, and a disagreement refuses."""
 
 
 @hookspec

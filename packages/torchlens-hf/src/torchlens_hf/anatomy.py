@@ -52,6 +52,11 @@ def hints(model: nn.Module) -> dict[str, Any] | None:
                  if isinstance(m, nn.Embedding) and name.rpartition(".")[2] in POSITIONS]
     if len(positions) == 1:  # a learned position embedding (the graph alone may not tell it)
         out["pos_embed"] = positions[0]
+    else:  # learned positions kept as a parameter (a ViT's), which no op makes
+        params = [name for name, _ in model.named_parameters()
+                  if name.rpartition(".")[2] in ("position_embeddings", "pos_embed")]
+        if len(params) == 1:
+            out["pos_embed_param"] = params[0]
     get_in = getattr(model, "get_input_embeddings", None)
     get_out = getattr(model, "get_output_embeddings", None)
     try:

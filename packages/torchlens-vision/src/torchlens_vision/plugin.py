@@ -6,7 +6,7 @@ from typing import Any
 
 from torchlens import hookimpl
 
-from . import decode, images, models, resolve
+from . import anatomy, decode, images, models, resolve
 
 
 @hookimpl
@@ -41,3 +41,9 @@ def torchlens_refusal_teach(model) -> list[str]:
 def torchlens_decode_output(trace, k):
     """Class labels for image classifiers (config.id2label or the weights' categories)."""
     return decode.decode(trace, k)
+
+
+@hookimpl
+def torchlens_transformer_hints(model) -> dict[str, Any] | None:
+    """Head counts and the patch embedding, position parameter and head of a timm ViT."""
+    return anatomy.hints(model)

@@ -643,18 +643,28 @@ def _ends(structure: Structure, graph: _Graph, types: dict[str, str], trace: Any
     before = [op for op in trace if graph.order[op.label] <= start]
     embeds = [op for op in before if op.func == "embedding"]
     from_input = [op for op in embeds if _reaches_input(op, graph)]
-    token = next((op for op in from_input if _hint(hints, "embed") in (None, op.module)), None)
-    if token is None:
-        structure.missing["hook_embed"] = "no embedding of the input ids before the first block"
-    else:
+    said = _hint(hints, "embed")
+    token = next((op for op in from_input if said in (None, op.module)), None)
+    patches = [op.label for op in before if said in _outputs_of(op)] \
+        if token is None and said is not None else []
+    if token is not None:
         # the embedding module's output: Gemma's scales its lookup by sqrt(d_model)
         structure.embed = next((op.label for op in before if token.module in _outputs_of(op)),
                                token.label)
+    elif patches:  # a patch embedding a plugin named (a ViT's convolution and flatten)
+        structure.embed = patches[-1]
+    else:
+        structure.missing["hook_embed"] = "no embedding of the input ids before the first block"
     positions = [op for op in embeds if op not in from_input]
     if _hint(hints, "pos_embed"):  # named: RoBERTa derives its positions from the ids
         positions = [op for op in embeds if op.module == _hint(hints, "pos_embed")]
+    param = _hint(hints, "pos_embed_param")
     if len(positions) == 1:
         structure.pos_embed = positions[0].label
+    elif param and not positions:
+        structure.missing["hook_pos_embed"] = (
+            f"the learned positions are the parameter {param!r}, added to the stream: no op "
+            f"makes them (read model.{param})")
     else:
         structure.missing["hook_pos_embed"] = (
             "the model has no learned position embedding (its positions are rotary, a bias "
