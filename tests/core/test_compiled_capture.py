@@ -122,8 +122,9 @@ def test_a_compiled_model_records_compiled_and_leaves_nothing_behind(monkeypatch
     compiled_model(data[0])
     user_entries = len(_debug_get_cache_entry_list(Net.forward.__code__))
     before = state_hash(model)
-    rec = tl.record(compiled_model, data, save=["relu_1"])
+    rec = tl.record(compiled_model, data, save=["relu_1", "_orig_mod.b"])  # its addresses
     assert rec.compiled["backend"] == "eager"
+    assert close(rec["_orig_mod.b"], model(torch.cat(data))) < 1e-6
     assert close(rec["relu_1"], torch.relu(model.a(torch.cat(data)))) < 1e-6
     assert state_hash(model) == before and model.a.training and not model.b.training
     assert not any(m._forward_hooks for m in model.modules())

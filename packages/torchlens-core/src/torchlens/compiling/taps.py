@@ -88,8 +88,9 @@ class CompiledTaps(Part):
         handles = [named[address].register_forward_hook(self._hook(address, seam, raw))
                    for address in hooked if address in named]
         try:
-            with taps:
-                out = self.compiler(model, request.args, request.kwargs)
+            with taps:  # a compiled module's own model, compiled by this call's compiler
+                out = self.compiler(getattr(model, "_orig_mod", model), request.args,
+                                    request.kwargs)
         finally:
             for handle in handles:
                 handle.remove()

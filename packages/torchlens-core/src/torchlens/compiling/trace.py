@@ -18,7 +18,7 @@ from .run import CompiledRun
 def refuse_compiled_trace(model: nn.Module, save: Any, save_grads: Any,
                           intervention_ready: bool) -> nn.Module:
     """What a compiled trace cannot do refuses before any forward; the model to capture (a
-    compiled module's own)."""
+    compiled module keeps its addresses, ``_orig_mod.0``, as an eager trace gives them)."""
     if save == "all" or saves_nothing(save):
         raise InputError(f"compile= keeps the sites save= names inside the compiled graph; "
                          f"save={save!r} names none", code="option_invalid",
@@ -33,7 +33,7 @@ def refuse_compiled_trace(model: nn.Module, save: Any, save_grads: Any,
         raise InputError("compile= runs one compiled forward; intervention_ready=True needs the "
                          "eager capture's own records", code="option_invalid",
                          teach=["tl.trace(model, x, intervention_ready=True)  # eager"])
-    return getattr(model, "_orig_mod", model)
+    return model
 
 
 def compiled_trace(model: nn.Module, args: tuple, kwargs: dict, save: list[str], parts: list,

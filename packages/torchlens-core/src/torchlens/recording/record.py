@@ -154,7 +154,6 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
                              "eagerly", code="option_invalid",
                              teach=["tl.record(lm, prompts, save=[...], generate={...}, "
                                     "compile=False)"])
-        model = getattr(model, "_orig_mod", model)  # compiled here, by the call's own compile
     inv = checked_inventory(model, "record")
     refuse_values(model, "record", "recorded activations", inv)
     save = expand_globs(list(save), [address for address, _ in inv.modules])
