@@ -8,6 +8,7 @@ compiled forward is compared with this capture's values, so a count that drifted
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from ..capture.entry import pinned_capture
 from ..capture.naming import NAMES, func_name
 from ..capture.seam import Part
 from ..sites import function_of, name_of
+
+ENDS = re.compile(r"(input|output)_\d+")  # the forward's input and output tensors' labels
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@ input, the first forward checked against the eager capture, and what to report o
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
@@ -15,11 +14,9 @@ from ..capture.seam import EVERY_OP
 from ..errors import InputError, surface_call
 from ..sites import name_of
 from .compiler import Compiler
-from .locate import Located, locate
+from .locate import ENDS, Located, locate
 from .taps import CompiledStructure, CompiledTaps
 from .verify import differences
-
-_END = re.compile(r"(input|output)_\d+")
 
 
 class CompiledRun:
@@ -33,6 +30,7 @@ class CompiledRun:
         self.diffs: dict[str, float | None] = {}
         self.place_s = 0.0  # the eager capture that placed the sites
         self._check = False
+        self._sites: list[str] = []
 
     def part(self, args: tuple, kwargs: dict, save: list[str], parts: list,
              structure: bool = False) -> CompiledTaps:
@@ -40,7 +38,7 @@ class CompiledRun:
         ``parts`` (edits, names) taking part; the first one places the sites. ``structure``:
         its capture's Trace is the eager graph with the compiled values."""
         _, labels, modules = parse_save(save, self.model, self.inv, self.surface)
-        labels = {label for label in labels if not _END.fullmatch(label)}
+        labels = {label for label in labels if not ENDS.fullmatch(label)}
         if self.located is None:
             if any(p.ops is EVERY_OP for p in parts):
                 raise InputError(f"compile=: a part of this {self.surface} reads every op, which "

@@ -6,7 +6,6 @@ edit runs inside the graph); module sites are forward hooks, traced the same way
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from torch import Tensor, nn
@@ -16,10 +15,8 @@ from ..capture.boundaries import leaves
 from ..capture.seam import Part
 from ..sites import name_of
 from .compiler import Compiler
-from .locate import Located, Place, wanted
+from .locate import ENDS, Located, Place, wanted
 from .values import with_values
-
-_END = re.compile(r"(input|output)_\d+")
 
 
 class _NoRecords:
@@ -123,5 +120,5 @@ class CompiledStructure(CompiledTaps):
     holding the compiled forward's values at the sites (``tl.trace(..., compile=...)``)."""
 
     def trace(self, session: Any) -> Any:
-        ends = {k: v for k, v in session.values.items() if _END.fullmatch(k)}
+        ends = {k: v for k, v in session.values.items() if ENDS.fullmatch(k)}
         return with_values(self.located.trace, {**self.raw, **ends}, session.capture_ns)
