@@ -423,3 +423,20 @@ def test_binding_names_leaves_a_kv_cache_and_the_rng_as_a_plain_call_would():
     assert traced_cache.get_seq_length() == plain_cache.get_seq_length() == 7
     close(traced_cache.layers[0].keys, plain_cache.layers[0].keys, atol=0)
     assert trace["blocks.1.hook_resid_post"].saved
+
+
+def test_record_binds_names_in_edits():
+    """tl.record's edits= take transformer names, bound to the first input's graph: zeroing
+    head 1 of blocks.1.attn.hook_z records what the same edit at its op label records."""
+    model, ids = _gpt2()
+    data = [ids, ids.flip(1)]
+    label = tl.trace(model, ids, save=["blocks.1.attn.hook_z"]).meta["names"][
+        "blocks.1.attn.hook_z"]
+    named = tl.record(model, data, save=["transformer.h.1"],
+                      edits={"blocks.1.attn.hook_z": tl.edits.zero(head=1)})
+    by_label = tl.record(model, data, save=["transformer.h.1"],
+                         edits={label: tl.edits.zero(index=(slice(None), 1))})
+    plain = tl.record(model, data, save=["transformer.h.1"])
+    assert torch.equal(named["transformer.h.1"], by_label["transformer.h.1"])
+    assert not torch.allclose(named["transformer.h.1"], plain["transformer.h.1"])
+    assert named.provenance[0]["edits"][0]["site"] == "blocks.1.attn.hook_z"

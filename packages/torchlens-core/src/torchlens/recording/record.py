@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..anatomy import NameTaps, has_names
+from ..anatomy import NameTaps, has_names, name_sites
 from ..capture.engine import capture, parse_save
 from ..capture.inference import outside_inference_mode
 from ..capture.inventory import Inventory, inventory
@@ -159,7 +159,8 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     save = expand_globs(list(save), [address for address, _ in inv.modules])
     parse_save([s for s in save if not has_names([s], None, inv)], model, inv,
                "record")  # modules now
-    plan = plan_edits(edits, inv, model, False, "record")
+    named_edits = generate is None and has_names(None, edits, inv)
+    plan = None if named_edits else plan_edits(edits, inv, model, False, "record")
     gen = None
     if generate is not None:
         from .generation import GenerateSpec
@@ -167,9 +168,15 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
         gen = GenerateSpec(generate, edits, batch_size, reduce)
     presplit = distributed.uses_distributed_sampler(inputs)
     items, total, prompts = _inputs(inputs)
+    if named_edits:  # transformer names, bound to the first input's graph (every forward's)
+        items, first = _peek(items)
+        res = _resolve(model, [first] if prompts else first, options_of(tokenizer, processor,
+                                                                        preprocess), inv)
+        plan = plan_edits(edits, inv, model, False, "record",
+                          named=name_sites(model, res.args, res.kwargs, inv, list(edits)))
     # one input: no code of the caller's runs before its forward, so its walk is this one
     first_inv = inv if _is_single(inputs) else None
-    options = {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess}
+    options = options_of(tokenizer, processor, preprocess)
     if progress is None:
         progress = sys.stderr.isatty()
     run = CompiledRun(model, compiling, "record", inv) if compiling is not None else None
@@ -186,6 +193,11 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     finally:
         if run is not None:
             run.close()
+
+
+def options_of(tokenizer: Any, processor: Any, preprocess: Any) -> dict[str, Any]:
+    """The resolvers an input is resolved with."""
+    return {"tokenizer": tokenizer, "processor": processor, "preprocess": preprocess}
 
 
 def _peek(items: Iterable) -> tuple[Iterable, Any]:
