@@ -3,9 +3,10 @@ tests/distributed/test_sharded.py: each rank writes what it saw to ``<out>/rank<
 value compared here with the unsharded model built from the same seed.
 
 ``python -m torch.distributed.run --nproc-per-node 2 -m tests.distributed.sharded_checks OUT
-GROUP``; GROUP ``models`` (tensor parallel MLP and Llama, FSDP2), ``failures`` (ranks asked
-different captures, a forward that branches on the rank, rank 1 failing mid-forward) or
-``late`` (rank 1 failing after the forward's last collective).
+GROUP``; GROUP ``models`` (tensor parallel MLP and Llama, FSDP2), ``record`` (tl.record of
+them: one store of whole rows), ``failures`` (ranks asked different captures, a forward that
+branches on the rank, rank 1 failing mid-forward) or ``late`` (rank 1 failing after the
+forward's last collective).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def check_tp(out: dict) -> None:
     out["tp"]["meta"] = t["linear_1"].meta["sharded"]
     out["tp"]["module_out"] = t.modules["up"].calls[0].output_ops
     out["tp"]["summary"] = str(tl.summary(model, x))
+    with torch.no_grad():  # to_local() then hands the model DTensor's own local tensor
+        out["tp"]["no_grad"] = same(tl.trace(model, x), u)
     tg, ug = tl.trace(model, x, save_grads="all"), tl.trace(ref, x, save_grads="all")
     tg.backward(lambda output: output.sum())
     ug.backward(lambda output: output.sum())
@@ -120,29 +123,9 @@ def edit_site(trace: tl.Trace, edit: dict) -> str:
 
 
 def check_llama(out: dict) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
-    torch.manual_seed(0)
-    ref = LlamaForCausalLM(config).eval()
-    model = LlamaForCausalLM(config).eval()
-    model.load_state_dict(ref.state_dict())
-    plan = {}
-    for i in range(config.num_hidden_layers):
-        block = f"model.layers.{i}"
-        plan.update({f"{block}.self_attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj",
-                                                                           "v_proj")})
-        plan.update({f"{block}.mlp.{n}": ColwiseParallel() for n in ("gate_proj", "up_proj")})
-        plan[f"{block}.self_attn.o_proj"] = RowwiseParallel()
-        plan[f"{block}.mlp.down_proj"] = RowwiseParallel()
-    parallelize_module(model, init_device_mesh("cpu", (2,)), plan)
+    ref, model = llama_pair()
     ids = torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(2))
     out["llama"] = same(tl.trace(model, ids), tl.trace(ref, ids))
     edit = {"model.layers.0.self_attn.q_proj": tl.edits.zero(
@@ -210,14 +193,7 @@ def check_block(out: dict) -> None:
 
 
 def check_fsdp(out: dict) -> None:
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    ref = MLP()
-    model = MLP()
-    model.load_state_dict(ref.state_dict())
-    for module in (model.up, model.down, model):
-        fully_shard(module)
+    ref, model = fsdp_pair()
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
     t, u = tl.trace(model, x, save_grads="all"), tl.trace(ref, x, save_grads="all")
     out["fsdp"] = same(t, u)
@@ -298,9 +274,6 @@ def check_disagree(out: dict, x: torch.Tensor, rank: int) -> None:
     out["disagree_save"] = refusal(lambda: tl.trace(model, x, save=["relu_1"] if rank else
                                                     ["linear_1"]))
     out["after_disagree"] = same(tl.trace(model, x), tl.trace(ref, x))["values_differ"] == []
-    # tl.record cannot gather rows whole yet: refused on every rank before any forward (it
-    # crashed the process with a segmentation fault)
-    folder = Path(sys.argv[1]) / "store"
     ready = tl.trace(model, x, intervention_ready=True)
     out["push"] = refusal(lambda: ready.push({"relu_1": tl.edits.zero()}))
     out["run"] = torch.allclose(ready.run(x).ops[-1].out, tl.trace(ref, x).ops[-1].out,
@@ -308,8 +281,6 @@ def check_disagree(out: dict, x: torch.Tensor, rank: int) -> None:
     out["grad_edits"] = refusal(lambda: tl.trace(model, x, save_grads=["relu_1"],
                                                  grad_edits={"relu_1": tl.edits.zero()}))
     out["compiled"] = refusal(lambda: tl.trace(model, x, save=["relu_1"], compile=True))
-    out["record"] = [refusal(lambda: tl.record(model, [x, x], save=["relu_1"], to=folder)),
-                     refusal(lambda: tl.record(model, [x, x], save=["relu_1"]))]
     # a forward whose ops differ between the ranks (a branch on the rank): refused when it
     # ends, before any value is gathered
     branching = Branching()
@@ -330,19 +301,135 @@ class Branching(MLP):
         return self.down(h)
 
 
+def rows(rec) -> dict:
+    """A recording's rows per label, stored or in memory."""
+    return {label: rec[label][0:rec.manifest["rows"]] if hasattr(rec, "manifest") else
+            rec[label] for label in rec.labels}
+
+
+def differ(a: dict, b: dict) -> list:
+    """The labels whose rows differ (or that one side lacks)."""
+    return sorted(k for k in set(a) | set(b) if k not in a or k not in b or a[k].shape !=
+                  b[k].shape or not torch.allclose(a[k].float(), b[k].float(), atol=1e-5))
+
+
+def check_record(out: dict) -> None:
+    """tl.record of a tensor-parallel MLP and Llama (every rank every input, rank 0 writes) and
+    of an FSDP2 MLP (each rank its share, forwards in lockstep): one store of whole rows, equal
+    to the unsharded model's recording."""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    folder = Path(sys.argv[1])
+    rank = dist.get_rank()
+    ref, model = mlp_pair()
+    xs = [torch.randn(3, 8, generator=torch.Generator().manual_seed(10 + i)) for i in range(5)]
+    save = ["up", "relu_1", "linear_2"]
+    want = rows(tl.record(ref, xs, save=save))
+    store = tl.record(model, xs, save=save, to=folder / "tp")
+    out["tp"] = {"differ": differ(rows(store), want), "labels": store.labels,
+                 "world_size": store.manifest["world_size"],
+                 "files": sorted(p.name for p in (folder / "tp").iterdir()),
+                 "memory": differ(rows(tl.record(model, xs, save=save)), want)}
+    edits = {"relu_1": tl.edits.zero(index=(slice(None), slice(12, 20)))}  # across the shards
+    out["tp"]["edited"] = differ(rows(tl.record(model, xs, save=["linear_2"], edits=edits)),
+                                 rows(tl.record(ref, xs, save=["linear_2"], edits=edits)))
+
+    def stopping(n):  # a run killed after n inputs: the same on every rank
+        for i, x in enumerate(xs):
+            if i == n:
+                raise KeyboardInterrupt
+            yield x
+
+    try:
+        tl.record(model, stopping(2), save=save, to=folder / "resumed")
+    except KeyboardInterrupt:
+        dist.barrier()  # rank 0 has written what it kept
+    kept = tl.recording.open(folder / "resumed").manifest["ranks"][0]["items"]
+    resumed = tl.record(model, xs, save=save, to=folder / "resumed")
+    out["tp"]["resumed"] = [kept, differ(rows(resumed), want)]
+    out["tp"]["refusals"] = {
+        "compile": refusal(lambda: tl.record(model, xs, save=save, compile=True)),
+        "sampler": refusal(lambda: tl.record(
+            model, DataLoader(torch.stack(xs), sampler=DistributedSampler(torch.stack(xs))),
+            save=save, to=folder / "sampled")),
+        "other_inputs": refusal(lambda: tl.record(model, [xs[rank]], save=save)),
+        "other_store": refusal(lambda: tl.record(model, xs, save=["up"], to=folder / "tp"))}
+    llama_ref, llama = llama_pair()
+    ids = [torch.randint(0, 128, (2, 6), generator=torch.Generator().manual_seed(20 + i))
+           for i in range(3)]
+    save = ["model.layers.1.mlp", "model.layers.0.self_attn.o_proj", "model.norm"]
+    out["llama"] = differ(rows(tl.record(llama, ids, save=save, reduce="mean",
+                                         to=folder / "llama")),
+                          rows(tl.record(llama_ref, ids, save=save, reduce="mean")))
+    ref, fsdp = fsdp_pair()
+    save = ["up", "relu_1", "output_1"]
+    store = tl.record(fsdp, xs, save=save, to=folder / "fsdp")  # 3 inputs on rank 0, 2 on 1
+    mine = {k: v for k, v in rows(tl.record(ref, xs, save=save)).items()}
+    out["fsdp"] = {"differ": differ(rows(store), mine), "rows": store.manifest["rows"],
+                   "ranks": [r["items"] for r in store.manifest["ranks"]],
+                   "complete": store.complete,
+                   "resume": differ(rows(tl.record(fsdp, xs, save=save,
+                                                   to=folder / "fsdp")), mine)}
+    out["fsdp"]["one_input"] = differ(rows(tl.record(fsdp, xs[:1], save=save,
+                                                     to=folder / "fsdp1")),
+                                      {k: v[:3] for k, v in mine.items()})
+
+
+def llama_pair() -> tuple[nn.Module, nn.Module]:
+    """(a Llama from a config, the same weights sharded by the standard plan)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval()
+    model.load_state_dict(ref.state_dict())
+    plan = {}
+    for i in range(config.num_hidden_layers):
+        block = f"model.layers.{i}"
+        plan.update({f"{block}.self_attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj",
+                                                                           "v_proj")})
+        plan.update({f"{block}.mlp.{n}": ColwiseParallel() for n in ("gate_proj", "up_proj")})
+        plan[f"{block}.self_attn.o_proj"] = RowwiseParallel()
+        plan[f"{block}.mlp.down_proj"] = RowwiseParallel()
+    parallelize_module(model, init_device_mesh("cpu", (2,)), plan)
+    return ref, model
+
+
+def fsdp_pair() -> tuple[nn.Module, nn.Module]:
+    """(the unsharded MLP, the same weights under FSDP2's fully_shard)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    ref = MLP()
+    model = MLP()
+    model.load_state_dict(ref.state_dict())
+    for module in (model.up, model.down, model):
+        fully_shard(module)
+    return ref, model
+
+
 def main() -> None:
     folder, group = Path(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
     out: dict = {}
     try:
         for check in ([check_tp, check_block, check_llama, check_fsdp] if group == "models"
+                      else [check_record] if group == "record"
                       else [check_failures]):  # "failures" (mid-forward) or "late"
             check(out)
     except Exception:  # noqa: BLE001 - the test shows it
         out["crash"] = traceback.format_exc()
     (folder / f"{group}.rank{dist.get_rank()}.json").write_text(json.dumps(out, default=str))
     sys.stdout.flush()
-    if group != "models":
+    if group not in ("models", "record"):
         os._exit(0)  # a rank whose peer failed has no process group to close
     dist.destroy_process_group()
 

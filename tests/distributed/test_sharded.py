@@ -44,6 +44,7 @@ def test_tensor_parallel_values_read_whole_on_every_rank(models):
     for rank in ranks:
         tp = rank["tp"]
         _whole(tp, 5)  # input, linear, relu, linear, output: no view_as, no wrapper
+        _whole(tp["no_grad"], 5)
         assert tp["collectives"] == ["all_reduce_1"] and tp["params"] == 552
         assert tp["local"] == ["DTensor", ["Shard(dim=1)"], [4, 16], [2]]
         assert tp["meta"] == {"placement": ["Shard(dim=1)"], "mesh": [2], "local_shape": [4, 16]}
@@ -108,13 +109,35 @@ def test_fsdp2_forward_and_gradients_read_whole(models):
         assert fsdp["grads_differ"] == []
 
 
+def test_record_writes_one_store_of_whole_rows(tmp_path):
+    """Tensor parallel: every rank runs every input, rank 0 writes one store equal to the
+    unsharded model's recording (edits, resume and a Llama too); FSDP2: each rank its share,
+    forwards in lockstep, one merged store."""
+    ranks = _torchrun(tmp_path, "record")
+    for rank in ranks:
+        tp = rank["tp"]
+        assert tp["differ"] == [] and tp["memory"] == [] and tp["edited"] == []
+        assert tp["labels"] == ["up", "relu_1", "linear_2"] and tp["world_size"] == 1
+        assert "manifest.json" in tp["files"] and not any("rank1" in f for f in tp["files"])
+        assert tp["resumed"][1] == []
+        refusals = tp["refusals"]
+        assert refusals["compile"]["code"] == "record_sharded_unsupported"
+        assert refusals["sampler"]["code"] == "record_sharded_unsupported"
+        assert refusals["other_inputs"]["code"] == "sharded_ranks_disagree"
+        assert refusals["other_store"]["code"] == "recording_mismatch"
+        assert rank["llama"] == []
+        fsdp = rank["fsdp"]
+        assert fsdp["differ"] == [] and fsdp["resume"] == [] and fsdp["one_input"] == []
+        assert fsdp["rows"] == 15 and fsdp["ranks"] == [3, 2] and fsdp["complete"]
+    assert [rank["tp"]["resumed"][0] for rank in ranks] == [2, 2]  # the killed run kept 2
+
+
 def test_ranks_asked_different_captures_or_failing_refuse_on_every_rank(tmp_path):
     ranks = _torchrun(tmp_path, "failures")
     for rank in ranks:
         assert rank["disagree"]["code"] == "sharded_ranks_disagree"
         assert rank["disagree_save"]["code"] == "sharded_ranks_disagree"
         assert rank["branching"]["code"] == "sharded_ranks_disagree"
-        assert [r["code"] for r in rank["record"]] == ["record_sharded_unsupported"] * 2
         assert rank["compiled"]["code"] == "option_invalid"  # compile= keeps shards: refused
         assert rank["push"]["code"] == "push_sharded_unsupported" and rank["run"]
         assert rank["grad_edits"]["code"] == "option_invalid"

@@ -91,6 +91,7 @@ def check_across_processes(scope, out, folder):
         in out
     assert type(scope["loaded"]["relu_1"].out) is torch.Tensor
     assert scope["loaded"]["relu_1"].meta["sharded"]["local_shape"] == [4, 16]
+    assert "torch.Size([12, 32]) 1 12 [2, 1]" in out  # one store each, rows whole
 
 
 CHECKS = {

@@ -85,8 +85,9 @@ CODES: dict[str, str] = {
                               "different captures (save=, edits=, input shapes)",
     "sharded_rank_failed": "a collective of a sharded capture failed: another rank raised, "
                            "timed out or is not running the same capture",
-    "record_sharded_unsupported": "tl.record on a model sharded across processes (DTensor "
-                                  "parameters), whose rows it cannot gather whole yet",
+    "record_sharded_unsupported": "tl.record on a model sharded across processes with an "
+                                  "option it cannot record whole yet (compile=, generate=, "
+                                  "names, FSDP2 with tensor parallel)",
     "push_sharded_unsupported": "trace.push on a trace of a model sharded across processes "
                                 "(whole values, sharded parameters); re-run with the edits",
     # edits and patching (tl.edits, edits=, tl.patching)

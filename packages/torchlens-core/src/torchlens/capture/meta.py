@@ -8,7 +8,6 @@ hooks bring them in for each forward) are not meta models: they have values else
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
@@ -54,8 +53,6 @@ def _maybe_meta(model: nn.Module, inv: Any) -> bool:
 def refuse_values(model: nn.Module, surface: str, what: str, inv: Any = None) -> None:
     """``meta_values_unavailable`` before any forward when ``what`` needs values (``inv``: the
     model's inventory, when the caller has it)."""
-    if surface == "record":
-        _refuse_sharded_record(model)
     names = meta_tensors(model) if _maybe_meta(model, inv) else []
     if not names:
         return
@@ -66,26 +63,6 @@ def refuse_values(model: nn.Module, surface: str, what: str, inv: Any = None) ->
                "need no values" if surface == "trace" else
                "tl.summary(model, input_shape=(...))  # shapes, FLOPs and bytes need no values",
                MATERIALIZE_TEACH])
-
-
-def _refuse_sharded_record(model: nn.Module) -> None:
-    """``tl.record`` of a model sharded across processes (DTensor parameters: tensor parallel
-    or FSDP2) refuses on every rank before any forward: its light captures would store this
-    rank's shards, or rows of other inputs under one rank's name."""
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    if dtensor is None:
-        return
-    name = next((n for n, p in model.named_parameters() if isinstance(p, dtensor.DTensor)), None)
-    if name is None:
-        return
-    raise InputError(
-        f"{type(model).__name__} is sharded across processes (DTensor parameters, e.g. "
-        f"{name!r}); tl.record does not gather its rows whole yet",
-        code="record_sharded_unsupported",
-        teach=["tl.trace(model, x, save=[...])  # on every rank, an input at a time: whole "
-               "values (the 'Models across processes' guide)",
-               "tl.record(unsharded_model, inputs, save=[...], to=DIR)  # the model before "
-               "parallelize_module / fully_shard"])
 
 
 def check_inputs(model: nn.Module, args: tuple, kwargs: dict, surface: str, inv: Any = None

@@ -27,7 +27,8 @@ from ..capture.taps import Taps
 from ..compiling import CompiledRun, compile_options
 from ..errors import InputError
 from ..sites import expand_globs, name_of, transformer_name
-from . import distributed
+from . import distributed, parallel
+from .distributed import Ranks
 from .dry_run import SAVE_TEACH, dry_run
 from .manifest import MANIFEST, RecordingError, header, merge, rank_manifest, read_json, write_json
 from .memory import Recording
@@ -142,6 +143,8 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     selected values kept inside the compiled graph; a model already compiled records compiled
     unless ``compile=False``. The first forward is compared with an eager capture (each site's
     largest difference in the manifest's ``compiled`` or ``recording.compiled``).
+    A model sharded across processes records whole values: split by tensor, every rank runs
+    every input and rank 0 writes; split by data (FSDP2), each rank its share (``parallel``).
     """
     from ..capture.entry import checked_inventory
     from ..edits.plan import plan_edits
@@ -156,6 +159,10 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
                                     "compile=False)"])
     inv = checked_inventory(model, "record")
     refuse_values(model, "record", "recorded activations", inv)
+    presplit = distributed.uses_distributed_sampler(inputs)
+    split = parallel.how_split(model, compiling=compiling is not None,
+                               generate=generate is not None,
+                               names=has_names(list(save), edits, inv), presplit=presplit)
     save = expand_globs(list(save), [address for address, _ in inv.modules])
     parse_save([s for s in save if not has_names([s], None, inv)], model, inv,
                "record")  # modules now
@@ -166,7 +173,6 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
         from .generation import GenerateSpec
 
         gen = GenerateSpec(generate, edits, batch_size, reduce)
-    presplit = distributed.uses_distributed_sampler(inputs)
     items, total, prompts = _inputs(inputs)
     if named_edits:  # transformer names, bound to the first input's graph (every forward's)
         items, first = _peek(items)
@@ -183,13 +189,14 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     try:
         if to is None:
             return _record_in_memory(model, items, total, prompts, save, reduce, dtype,
-                                     batch_size, progress, options, first_inv, plan, gen, run)
+                                     batch_size, progress, options, first_inv, plan, gen, run,
+                                     split)
         items, first = _peek(items)
         if gen is None:  # a generation's labels are checked by its first step
             _check_labels(model, first, save, options, prompts, inv)
         return _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size,
                                 progress, options, Path(to), overwrite, shard_bytes, presplit,
-                                plan, gen, run)
+                                plan, gen, run, split)
     finally:
         if run is not None:
             run.close()
@@ -226,10 +233,13 @@ def _resolve(model: nn.Module, value: Any, options: dict, inv: Inventory | None)
 
 
 def _capture(model: nn.Module, res, save: list[str], keeper: Keeper, plan: Any = None,
-             inv: Inventory | None = None, run: CompiledRun | None = None) -> dict[str, Any]:
+             inv: Inventory | None = None, run: CompiledRun | None = None,
+             split: str | None = None) -> dict[str, Any]:
     """One light capture; recording needs no autograd graph, so none is built. Transformer
     names among ``save`` are bound to this input's graph (``anatomy.NameTaps``); ``run``
-    runs it compiled."""
+    runs it compiled; a model sharded across processes (``split``) is gathered whole."""
+    if split is not None:
+        return parallel.capture_whole(model, res, save, keeper, plan, split)
     inv = inv or res.inventory or inventory(model)
     names = NameTaps(model, res.args, res.kwargs, inv, save) if has_names(save, None, inv) \
         else None
@@ -264,7 +274,7 @@ def _bar(progress: bool, total: int | None):
 
 def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
                       options, inv: Inventory | None, plan: Any = None, gen: Any = None,
-                      run: CompiledRun | None = None) -> Recording:
+                      run: CompiledRun | None = None, split: str | None = None) -> Recording:
     bar = _bar(progress, total)
     batches: list[dict[str, Any]] = []
     provenance: list[dict] = []
@@ -272,7 +282,8 @@ def _record_in_memory(model, items, total, prompts, save, reduce, dtype, batch_s
     try:
         for _, count, res, _, values in _captured(model, items, 0, batch_size, prompts, save,
                                                   reduce, dtype, options, as_rows=False,
-                                                  inv=inv, plan=plan, gen=gen, run=run):
+                                                  inv=inv, plan=plan, gen=gen, run=run,
+                                                  split=split):
             if not batches:
                 labels = list(values)
             provenance.append(res.provenance if plan is None else
@@ -298,12 +309,16 @@ def _compiled_postfix(bar: Any, run: CompiledRun | None) -> None:
 def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size, progress,
                      options, folder: Path, overwrite: bool, shard_bytes: int,
                      presplit: bool, plan: Any = None, gen: Any = None,
-                     run: CompiledRun | None = None) -> StoredRecording:
+                     run: CompiledRun | None = None, split: str | None = None
+                     ) -> StoredRecording:
     ranks = distributed.join(model)
+    # split by tensor: every rank runs every input, rank 0 alone writes
+    writing = Ranks() if split == "tensor" else ranks
     if presplit and total is not None:
         total *= ranks.world
     try:
-        mine, interleave = distributed.share(items, ranks, presplit)
+        mine, interleave = (items, "items") if writing.world == 1 else \
+            distributed.share(items, ranks, presplit)
         store_options = {"dtype": None if dtype is None else str(dtype).removeprefix("torch."),
                          "reduce": describe_reduce(reduce),
                          "batch_size": batch_size if prompts else None}
@@ -314,17 +329,24 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
         if run is not None:
             store_options["compile"] = {"backend": run.compiler.backend,
                                         "mode": run.compiler.mode}
-        head = header(model, save, store_options, ranks.world)
-        resume = prepare(folder, head, ranks.rank, overwrite)
-        distributed.barrier(ranks)  # rank 0 has cleared the folder when asked to
-        writer = ShardWriter(folder, head, ranks.rank, interleave=interleave,
-                             shard_bytes=shard_bytes, resume=resume)
+        head = header(model, save, store_options, writing.world)
+        if split is not None and ranks.world > 1:
+            head["model"] = parallel.fingerprint(model, head["model"])
+        if writing is not ranks:
+            writer = parallel.on_rank_0(ranks, lambda: ShardWriter(
+                folder, head, 0, interleave=interleave, shard_bytes=shard_bytes,
+                resume=prepare(folder, head, 0, overwrite)))
+        else:
+            resume = prepare(folder, head, ranks.rank, overwrite)
+            distributed.barrier(ranks)  # rank 0 has cleared the folder when asked to
+            writer = ShardWriter(folder, head, ranks.rank, interleave=interleave,
+                                 shard_bytes=shard_bytes, resume=resume)
         bar = _bar(progress and ranks.rank == 0, total)
         if bar is not None and writer.items_done:
-            bar.update(writer.items_done * ranks.world)
+            bar.update(writer.items_done * writing.world)
         try:
-            _fill(model, writer, mine, prompts, save, reduce, dtype, batch_size, options, ranks,
-                  bar, plan, gen, run)
+            _fill(model, writer, mine, prompts, save, reduce, dtype, batch_size, options,
+                  writing, bar, plan, gen, run, split, ranks)
         except BaseException:
             writer.abandon()  # whole inputs recorded so far are kept
             raise
@@ -333,7 +355,7 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
                 bar.close()
         writer.close()
         distributed.barrier(ranks)
-        if ranks.world > 1 and ranks.rank == 0:
+        if writing.world > 1 and ranks.rank == 0:
             parts = [read_json(folder / rank_manifest(r)) for r in range(ranks.world)]
             write_json(folder / MANIFEST, merge(parts))
         distributed.barrier(ranks)
@@ -344,14 +366,20 @@ def _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_si
 
 def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, options, *,
               as_rows: bool, inv: Inventory | None = None, plan: Any = None, gen: Any = None,
-              run: CompiledRun | None = None
+              run: CompiledRun | None = None, split: str | None = None,
+              lockstep: Ranks | None = None
               ) -> Iterator[tuple[int, int, Any, int, dict[str, Any]]]:
     """One light capture a forward, after the first ``skip`` inputs: (first input's local
-    index, inputs it covered, the resolution, its rows, the kept values). ``inv``: the model's
+    index, inputs it covered, the resolution, its rows, the kept values; ``count`` 0 for a
+    forward run only to keep pace with the other ranks, ``lockstep``). ``inv``: the model's
     inventory for the first forward, taken with no code run since; later ones walk the model
     again (a lazy module may have materialized)."""
     first = True
-    for k, value, count in _forwards(items, skip, batch_size, prompts):
+    forwards = ((*f, True) for f in _forwards(items, skip, batch_size, prompts)) \
+        if lockstep is None else parallel.lockstep(_forwards(items, skip, batch_size, prompts),
+                                                    lockstep)
+    for k, value, count, written in forwards:
+        count = count if written else 0
         if gen is not None:  # one generation: its steps' values as one example's rows
             res, values = gen.record(model, value, save, dtype, as_rows, options)
             yield k, count, res, 1, values
@@ -360,7 +388,7 @@ def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, opti
         inv = None
         n_rows, mask = batch_rows(res.args, res.kwargs)
         values = _capture(model, res, save, Keeper(save, reduce, dtype, mask, as_rows=as_rows),
-                          plan, run=run)
+                          plan, run=run, split=split)
         if first:
             _missing(values, save)
             first = False
@@ -368,10 +396,17 @@ def _captured(model, items, skip, batch_size, prompts, save, reduce, dtype, opti
 
 
 def _fill(model, writer: ShardWriter, mine, prompts, save, reduce, dtype, batch_size, options,
-          ranks, bar, plan: Any = None, gen: Any = None, run: CompiledRun | None = None) -> None:
+          ranks: Ranks, bar, plan: Any = None, gen: Any = None, run: CompiledRun | None = None,
+          split: str | None = None, every: Ranks | None = None) -> None:
+    """Record ``mine`` into ``writer``, which writes as rank ``ranks.rank`` of ``ranks.world``;
+    split by data (``every``: all the processes), the forwards keep pace across ranks."""
+    pace = every if split == "data" and every is not None and every.world > 1 else None
     for k, count, res, n_rows, values in _captured(model, mine, writer.items_done, batch_size,
                                                    prompts, save, reduce, dtype, options,
-                                                   as_rows=True, plan=plan, gen=gen, run=run):
+                                                   as_rows=True, plan=plan, gen=gen, run=run,
+                                                   split=split, lockstep=pace):
+        if not count:  # run to keep pace with the other ranks' forwards: not written
+            continue
         writer.note_provenance(res.provenance, count)
         writer.add(k * ranks.world + ranks.rank, values, [1] * count if prompts else [n_rows])
         if run is not None:

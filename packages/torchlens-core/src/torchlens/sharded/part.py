@@ -63,20 +63,37 @@ def sharded_model(model: Any, params: list | None = None) -> bool:
     return any(isinstance(p, kind) for p in model.parameters())
 
 
-def join(model: Any, parts: list, params: list | None = None) -> list:
+def sharding(model: Any) -> str | None:
+    """How ``model`` is split across processes: ``"tensor"`` (DTensor parameters the forward
+    computes with in parts, so every rank takes the same input), ``"data"`` (FSDP2's
+    ``fully_shard`` on a one-dimensional mesh: each rank computes whole values of its own
+    inputs), ``"both"`` (FSDP2 on a mesh of several dimensions), or None."""
+    if not sharded_model(model):
+        return None
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    kind = getattr(fsdp, "FSDPModule", None) if fsdp is not None else None
+    if kind is None or not any(isinstance(m, kind) for m in model.modules()):
+        return "tensor"
+    meshes = {p.device_mesh.ndim for p in model.parameters() if _is_dtensor(p)}
+    return "data" if meshes == {1} else "both"
+
+
+def join(model: Any, parts: list, params: list | None = None, same_inputs: bool = True
+         ) -> list:
     """The parts of a capture of ``model``: with the sharded gather around the surface's parts
-    when the model is sharded across processes, else the parts as they are."""
+    when the model is sharded across processes, else the parts as they are.
+    ``same_inputs=False``: each rank captures its own input (FSDP2 data parallel)."""
     if not sharded_model(model, params):
         return parts
-    head = Sharded(model, parts)
+    head = Sharded(model, parts, same_inputs)
     return [head, *parts, Resplit(head)]
 
 
 class Sharded(Part):
     """The leading part of a capture of a model sharded across processes (module docstring)."""
 
-    def __init__(self, model: Any, parts: list):
-        self.model, self.parts = model, parts
+    def __init__(self, model: Any, parts: list, same_inputs: bool = True):
+        self.model, self.parts, self.same_inputs = model, parts, same_inputs
         edited = [p for p in parts if hasattr(p, "specs")]  # an edit plan
         self.plan = edited[0] if edited else None
         self.ops = set(self.plan.ops) if self.plan is not None else ()
@@ -400,7 +417,7 @@ class Sharded(Part):
         mine = repr((request.save if isinstance(request.save, (str, type(None)))
                      else sorted(request.save),
                      self.plan.specs() if self.plan is not None else None,
-                     [tuple(t.shape) for t in session.inputs]))
+                     [_digest(t) for t in session.inputs] if self.same_inputs else None))
         everyone: list = [None] * dist.get_world_size()
         try:
             dist.all_gather_object(everyone, mine)
@@ -411,7 +428,7 @@ class Sharded(Part):
             differ = [r for r, theirs in enumerate(everyone) if theirs != everyone[0]]
             raise InputError(
                 f"the ranks were asked different captures (ranks {differ} differ from rank 0 "
-                "in save=, edits= or the input shapes); every rank runs the same capture of a "
+                "in save=, edits= or the inputs); every rank runs the same capture of a "
                 "sharded model", code="sharded_ranks_disagree",
                 teach=["tl.trace(model, x, save=..., edits=...)  # the same on every rank"])
 
@@ -525,6 +542,8 @@ class _Lead(TorchFunctionMode):
                 part.alias(out, args[0])
                 return out
             inner = part.internal_arg(args, kwargs) if name not in _COLLECTIVES else None
+            if inner is not None and not _from_torch_distributed():  # (without grad,
+                inner = None  # ``to_local()`` hands the model DTensor's own local tensor)
             if inner is not None:  # DTensor's own work on a local tensor (a redistribution's
                 out = func(*args, **kwargs)  # mask, chunks and concatenation): plumbing
                 for t in out if isinstance(out, (tuple, list)) else (out,):
@@ -560,6 +579,20 @@ def communication_failed(exc: BaseException) -> bool:
         word in str(exc) for word in _COMM_WORDS)
 
 
+def _from_torch_distributed() -> bool:
+    """Whether the call being handled comes from torch.distributed's own code (a
+    redistribution), not the model's: the first caller outside torch's wrappers says."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("torch.distributed"):
+            return True
+        if not module.startswith("torch.") and module != "torch":
+            return False
+        frame = frame.f_back
+    return False
+
+
 def _on_meta(kwargs: dict) -> bool:
     device = kwargs.get("device") if kwargs else None
     return device is not None and str(device) == "meta"
@@ -578,6 +611,18 @@ def _plain_partial(out: Any) -> Any:
     mask.apply_mask(local)
     return DTensor.from_local(local, out.device_mesh, [Partial(placement.reduce_op)],
                               run_check=False, shape=out.shape, stride=out.stride())
+
+
+def _digest(t: torch.Tensor) -> tuple:
+    """An input's shape and two sums of its values: ranks handed other inputs of one shape
+    (each its own batch of a tensor-parallel model) tell apart without moving the input."""
+    if t.is_meta or not t.numel():
+        return tuple(t.shape), str(t.dtype)
+    with torch.no_grad(), DisableTorchFunction():
+        v = t.detach().to(torch.float64)
+        weights = torch.arange(1, v.numel() + 1, dtype=torch.float64, device=v.device)
+        sums = torch.stack([v.sum(), (v.reshape(-1) * weights).sum()]).tolist()
+    return tuple(t.shape), str(t.dtype), *(float(f"{x:.9g}") for x in sums)
 
 
 def _is_dtensor(t: Any) -> bool:
