@@ -309,7 +309,7 @@ def test_residual_algebra_adds_up_to_the_run():
     close(normed * ln.weight + ln.bias, trace["ln_final.hook_normalized"].out, atol=1e-5)
     # direct logit attribution: the components' shares plus the final norm's bias give the logit
     tokens = ids[:, -1]
-    attrs = view.logit_attrs(view.decompose_resid(apply_ln=True, pos_slice=-1), tokens)
+    attrs = view.logit_attrs(view.decompose_resid(pos_slice=-1), tokens, pos_slice=-1)
     logits = trace.output["logits"][torch.arange(2), -1, tokens]
     close(attrs.sum(0) + model.lm_head.weight[tokens] @ ln.bias, logits, atol=1e-4)
     lens = view.logit_lens(k=3)

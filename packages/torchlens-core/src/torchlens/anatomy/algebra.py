@@ -187,14 +187,24 @@ class TransformerView:
     def logit_attrs(self, stack: Tensor, tokens: Any, incorrect_tokens: Any = None,
                     pos_slice: Any = None) -> Tensor:
         """Each component's direct contribution to ``tokens``' logits (minus
-        ``incorrect_tokens``' when given): ``stack`` (normed with ``apply_ln_to_stack``) dotted
-        with the logit directions; ``[component, batch(, pos)]``."""
+        ``incorrect_tokens``', when given), ``[component, batch(, pos)]``: as TransformerLens's
+        ``ActivationCache.logit_attrs``, ``stack`` (not normed; already sliced to ``pos_slice``,
+        which picks the run's final-norm scale) goes through ``apply_ln_to_stack`` at the final
+        norm and is dotted with the logit directions. The directions are the unembedding's
+        rows times the final norm's weight (what a folded model's ``W_U`` holds), so the
+        attributions add up, with the norm's bias term, to the logit (difference) itself."""
         directions = self._directions(tokens)
         if incorrect_tokens is not None:
-            directions = directions - self._directions(incorrect_tokens)
-        stack = _positions(stack, pos_slice)
-        if directions.dim() == 2 and stack.dim() == 4:  # one token per row: at each position
-            directions = directions[:, None, :]
+            wrong = self._directions(incorrect_tokens)
+            if wrong.shape != directions.shape:
+                raise InputError(
+                    f"tokens {list(directions.shape[:-1])} and incorrect_tokens "
+                    f"{list(wrong.shape[:-1])} differ in shape", code="option_invalid",
+                    teach=["view.logit_attrs(stack, tokens=ids[:, -1], incorrect_tokens=other)"])
+            directions = directions - wrong
+        stack = self.apply_ln_to_stack(stack, None, pos_slice)
+        if directions.dim() == 2 and stack.dim() == 4 and directions.shape[0] == stack.shape[1]:
+            directions = directions[:, None, :]  # one token per row: at each position
         return (stack * directions.to(stack.dtype)).sum(-1)
 
     def logit_lens(self, k: int = 5, layers: str = "resid_post") -> LogitLens:

@@ -24,6 +24,9 @@ from ..plugins import hook
 from ..sites import Site, match_names, parse_site, transformer_name, transformer_names
 from .lens import (
     Batched,
+    FlexInput,
+    FlexPattern,
+    FlexScores,
     Lens,
     Reshaped,
     Result,
@@ -172,6 +175,8 @@ def _attention(name: str, hook: str, att: Any, structure: Structure, model: nn.M
     if hook in ("attn.hook_attn_scores", "attn.hook_pattern"):
         if att.kind == "sdpa":
             return att.op, SdpaScores() if hook.endswith("scores") else SdpaPattern()
+        if att.kind == "flex":
+            return att.op, FlexScores() if hook.endswith("scores") else FlexPattern()
         return (att.scores if hook.endswith("scores") else att.op), Lens(head_axis=1)
     if hook == "attn.hook_result":
         out = modules.get(att.out_proj) if att.out_proj else None
@@ -186,7 +191,7 @@ def _attention(name: str, hook: str, att: Any, structure: Structure, model: nn.M
 def _operand(name: str, att: Any, role: str) -> tuple[str, Lens]:
     """q, k or v as the attention takes them, ``[batch, pos, head, d_head]``."""
     if role in att.from_call:
-        return att.op, SdpaInput(role)
+        return att.op, FlexInput(role) if att.kind == "flex" else SdpaInput(role)
     label = getattr(att, role)
     if label is None:
         raise _missing(name, "the attention's inputs are not separate tensors in "

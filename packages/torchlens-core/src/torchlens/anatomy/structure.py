@@ -4,13 +4,13 @@ The block list is the longest list of repeated modules; inside each block call t
 stream is followed op by op, through its reshapes (an ``add`` with the stream as one parent is a
 residual add; a norm that alone reads one carries the stream on, as post-LN models do; a second
 add whose branch never read the first is a parallel block's, Cohere's ``x + attn + mlp``). The
-attention op is the ``scaled_dot_product_attention`` call (or an eager softmax followed by a
-matmul, heads folded into the batch or not); ln1 and ln2 are the norms that read the stream
-(not those of q and k, or of a branch's output); the MLP is the projections after the
-attention with an activation between them, in one module or not (a mixture of experts
-refuses). A value that is one piece of a split op is never an anchor: the graph does not say
-which piece. Plugin hints (``torchlens_transformer_hints``) may name head counts and parallel
-residuals; the graph decides, and a disagreement refuses.
+attention op is the ``scaled_dot_product_attention`` or ``flex_attention`` call (or an eager
+softmax followed by a matmul, heads folded into the batch or not); ln1 and ln2 are the norms
+that read the stream (not those of q and k, or of a branch's output); the MLP is the
+projections after the attention with an activation between them, in one module or not (a
+mixture of experts refuses). A value that is one piece of a split op is never an anchor: the
+graph does not say which piece. Plugin hints (``torchlens_transformer_hints``) may name head
+counts and parallel residuals; the graph decides, and a disagreement refuses.
 """
 
 from __future__ import annotations
@@ -36,14 +36,15 @@ RESHAPES = {"view", "reshape", "flatten", "unflatten", "contiguous"}  # same val
 REPEATS = {"repeat_interleave", "repeat", "expand"}  # a kv head served to a group of q heads
 MATMULS = {"matmul", "bmm", "baddbmm", "einsum", "__matmul__"}
 ROTATES = {"neg", "__neg__", "negative", "view_as_complex", "polar"}  # rotate_half, complex RoPE
+FUSED = {"scaled_dot_product_attention": "sdpa", "flex_attention": "flex"}  # func -> kind
 
 
 @dataclass
 class Attention:
     """One block's attention: where q, k, v, the scores, the pattern and z live."""
 
-    kind: str  # "sdpa" (a fused call: scores and pattern are recomputed from it) or "eager"
-    op: str  # the sdpa op; for eager, the softmax op
+    kind: str  # "sdpa", "flex" (fused calls: scores and pattern recomputed from them), "eager"
+    op: str  # the fused call's op; for eager, the softmax op
     q: str | None  # the op feeding the attention as q, (batch, head, pos, d_head)
     k: str | None
     v: str | None
@@ -54,7 +55,7 @@ class Attention:
     v_proj: str | None = None
     out_proj: str | None = None  # the module reading z, merged, back to the stream
     rotary: bool = False  # q and k were rotated between their projection and the attention
-    from_call: set[str] = field(default_factory=set)  # roles read from the sdpa call's arguments
+    from_call: set[str] = field(default_factory=set)  # roles read from the fused call's args
     refused: dict[str, str] = field(default_factory=dict)  # hook -> why it is not here
     n_heads: int = 0
     n_kv_heads: int = 0
@@ -235,8 +236,8 @@ def _block(layer: int, address: str, call: Any, graph: _Graph, types: dict[str, 
     _norms(block, norms, stages, adds, ops, parallel)
     block.attention = _attention(ops, address, graph, types, model, hints)
     if block.attention is None:
-        block.missing["attn"] = f"no attention op (scaled_dot_product_attention or softmax) " \
-                                f"in {address}"
+        block.missing["attn"] = ("no attention op (scaled_dot_product_attention, flex_attention"
+                                 f" or softmax) in {address}")
     else:
         attn_module = _child_of(address, graph.ops[block.attention.op].module)
         if parallel and len(adds) == 2:  # the two branches: the one the attention made first
@@ -388,13 +389,14 @@ def _linears(ops: list, within: str, graph: _Graph, model: nn.Module) -> list[tu
 
 def _attention(ops: list, block: str, graph: _Graph, types: dict[str, str], model: nn.Module,
                hints: dict[str, Any]) -> Attention | None:
-    sdpa = next((op for op in ops if op.func == "scaled_dot_product_attention"), None)
-    if sdpa is not None:
-        if _operands(sdpa, graph):
-            q, k, v = sdpa.parents[:3]
-            att = Attention("sdpa", sdpa.label, q, k, v, sdpa.label)
+    fused = next((op for op in ops if op.func in FUSED), None)
+    if fused is not None:
+        kind = FUSED[fused.func]
+        if _operands(fused, graph):
+            q, k, v = fused.parents[:3]
+            att = Attention(kind, fused.label, q, k, v, fused.label)
         else:  # k and v pieces of one split op (GPT-BigCode) make one parent: which parent is
-            att = Attention("sdpa", sdpa.label, None, None, None, sdpa.label,  # which, the
+            att = Attention(kind, fused.label, None, None, None, fused.label,  # which, the
                             from_call={"q", "k", "v"})  # call's arguments say
     else:
         att = _eager(ops, graph)
@@ -414,10 +416,10 @@ def _attention(ops: list, block: str, graph: _Graph, types: dict[str, str], mode
                        "k_lin")), ("v", ("v_proj", "value", "v", "v_lin"))):
         setattr(att, f"{role}_proj", next((names[key] for key in keys if key in names), None))
     for role in ("q", "k", "v"):  # one piece of a split (``qkv.chunk(3)``): which, the graph
-        label = getattr(att, role)  # does not say; the sdpa call's arguments do
+        label = getattr(att, role)  # does not say; the fused call's arguments do
         if label is not None and _outputs(graph.ops[label]) > 1:
             setattr(att, role, None)
-            if att.kind == "sdpa":
+            if att.kind != "eager":
                 att.from_call.add(role)
     for role in ("k", "v"):  # under GQA, before the kv heads were repeated for the attention
         label = getattr(att, role)
