@@ -7,11 +7,9 @@ refuses typed instead of giving a pattern that is not the call's.
 Hugging Face's ``attn_implementation="flex_attention"`` always wraps flex_attention in
 ``torch.compile`` (about 17 s on CPU for a two-layer Llama) and its CPU kernel refuses inputs that
 need grad, so these models are hand-written, call flex_attention eagerly and hold parameters
-that need no grad. Each model runs once before it is traced: run without torch.compile,
-flex_attention still compiles its call with dynamo's eager backend, and when that first compile
-happens inside a capture dynamo tries to trace TorchLens's torch-function mode and fails (the
-recorder's handler is not hidden from dynamo); once compiled, a capture records the call (its
-higher-order op) as one op."""
+that need no grad. Run without torch.compile, flex_attention still compiles its call with
+dynamo's eager backend, tracing the capture's torch-function mode with it: the first call of a
+process may come inside a capture, which records the call (its higher-order op) as one op."""
 
 from __future__ import annotations
 
@@ -134,7 +132,6 @@ def pair(kv_heads: int = HEADS, padded: bool = False) -> tuple[Model, Model, tor
             for layer in model.layers:
                 layer.self_attn.pad = pad
     ids = torch.randint(0, 50, (2, SEQ), generator=torch.Generator().manual_seed(3))
-    flex(ids)  # see the module docstring: flex_attention's first call, outside a capture
     return flex, eager, ids
 
 
@@ -181,6 +178,41 @@ def test_flex_patterns_equal_the_eager_softmax(kv_heads, padded):
         assert k.shape == v.shape == (2, SEQ, kv_heads, D_HEAD)
         group = v.transpose(1, 2).repeat_interleave(HEADS // kv_heads, dim=1)
         close((pattern @ group).transpose(1, 2), z)  # the pattern is the call's own
+
+
+FIRST_CALL = """
+import torch, torchlens as tl
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        q = self.q(x).view(1, 8, 2, 8).transpose(1, 2)
+        mask = create_block_mask(lambda b, h, i, j: i >= j, 1, 2, 8, 8, device="cpu")
+        return flex_attention(q, q, q, block_mask=mask)
+
+model = Attention().eval().requires_grad_(False)
+x = torch.randn(1, 8, 16)
+trace = tl.trace(model, x, save=["flex_attention_1"])
+print(torch.equal(trace["flex_attention_1"].out[0], model(x)))
+"""
+
+
+def test_a_process_first_flex_call_inside_a_capture_is_recorded():
+    """flex_attention compiles its first call of a process even when run eagerly, with the
+    capture's mode on the stack: the capture records that call as it records later ones."""
+    import subprocess
+    import sys
+
+    from tests.launch import ROOT, child_env
+
+    done = subprocess.run([sys.executable, "-c", FIRST_CALL], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True"]
 
 
 def test_flex_patterns_cost_nothing_unless_named(monkeypatch):

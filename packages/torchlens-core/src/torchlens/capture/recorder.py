@@ -49,6 +49,9 @@ PASSTHROUGH = {
 _ESCAPES = {Tensor.numpy, Tensor.__array__, Tensor.untyped_storage, Tensor.storage,
             Tensor.__dlpack__}
 _SETITEM = Tensor.__setitem__
+# True only while Dynamo traces the caller: flex attention compiles its first call even when run
+# eagerly, tracing the capture's mode with it; there the op runs alone (recorded when it runs)
+_traced = torch.compiler.is_dynamo_compiling
 _AUTOCAST = ("cpu", "cuda")  # device types whose autocast regions validation replays
 _NONE: tuple = ()
 EMPTY: dict = {}  # kwargs of a call without any (never written)
@@ -393,7 +396,7 @@ class Recorder(TorchFunctionMode):
         # functions, for a step follower's check (``record_ran``): a step is followed only
         # while the two agree, which the step tests see.
         s = self.state
-        if func in PASSTHROUGH or s.suspended:
+        if func in PASSTHROUGH or s.suspended or _traced():
             return func(*args, **kwargs) if kwargs else func(*args)
         if kwargs is None:
             kwargs = EMPTY
@@ -705,7 +708,7 @@ class LightRecorder(Recorder):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         s = self.state
-        if func in PASSTHROUGH or s.suspended:
+        if func in PASSTHROUGH or s.suspended or _traced():
             return func(*args, **kwargs) if kwargs else func(*args)
         out = func(*args, **kwargs) if kwargs else func(*args)
         name = _names.get(func) or func_name(func)
