@@ -132,6 +132,20 @@ def check_llama(out: dict) -> None:
         index=(slice(None), slice(None), slice(8, 40)))}  # across the two ranks' heads
     te, ue = tl.trace(model, ids, edits=edit), tl.trace(ref, ids, edits=edit)
     out["llama"]["edit"] = torch.allclose(te.ops[-1].out, ue.ops[-1].out, atol=1e-5)
+    # TransformerLens's names read whole, patterns recomputed from the whole q and k; head and
+    # pattern edits address the whole model's heads
+    names = ["blocks.0.attn.hook_z", "blocks.1.hook_resid_post", "blocks.0.attn.hook_pattern",
+             "blocks.1.attn.hook_k", "blocks.0.mlp.hook_post", "ln_final.hook_normalized"]
+    tn, un = tl.trace(model, ids, save=names), tl.trace(ref, ids, save=names)
+    out["llama"]["names_differ"] = [n for n in names if tn[n].out.shape != un[n].out.shape
+                                    or not torch.allclose(tn[n].out, un[n].out, atol=1e-5)]
+    out["llama"]["name_edits"] = []
+    for edit in ({"blocks.0.attn.hook_z": tl.edits.zero(head=[1, 2])},
+                 {"blocks.1.attn.hook_pattern": tl.edits.zero(
+                     index=(slice(None), 3, slice(None), 0))}):  # head 3 (rank 1's) ignores key 0
+        te, ue = tl.trace(model, ids, edits=edit), tl.trace(ref, ids, edits=edit)
+        out["llama"]["name_edits"].append(torch.allclose(te.ops[-1].out, ue.ops[-1].out,
+                                                         atol=1e-5))
     # the same Llama loaded with transformers' own plan (vocabulary-parallel embedding, lm_head
     # gathered): saved by rank 0, loaded sharded by both
     from transformers import DistributedConfig

@@ -80,12 +80,14 @@ def test_a_rank_0_trace_file_loads_without_torch_distributed(models):
 
 
 def test_a_llama_sharded_with_the_standard_plan_and_with_tp_plan_auto(models):
+    """Values, edits and TransformerLens's names (patterns too) equal the unsharded Llama's."""
     _, ranks = models
     for rank in ranks:
         llama = rank["llama"]
         assert llama["ops"] > 100 and llama["edit"]
         _whole(llama, llama["ops"])
         assert len(llama["collectives"]) == 4  # o_proj and down_proj of 2 layers
+        assert llama["names_differ"] == [] and llama["name_edits"] == [True, True]
         auto = rank["llama_auto"]  # transformers' tp_plan="auto"
         _whole(auto, llama["ops"])
         assert auto["sharded"] == "DTensor" and len(auto["collectives"]) == 6  # + embed, head

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from .. import capabilities
 from ..capture.entry import pinned_capture
 from ..errors import InputError, SiteUnknown
 from ..plugins import hook
@@ -82,8 +83,9 @@ def probe(model: nn.Module, args: tuple, kwargs: dict, inv: Any = None) -> Struc
         # pinned (modes, RNG, buffers restored), on copies of stateful arguments (a KV cache
         # object the forward would grow)
         args, kwargs = tree_map(_copy_state, (args, kwargs))
-        trace = per_model[key] = pinned_capture(model, args, kwargs, save=None,
-                                                surface="transformer names", inv=inv)
+        trace = per_model[key] = pinned_capture(
+            model, args, kwargs, save=None, surface="transformer names", inv=inv,
+            parts=capabilities.lookup("sharded_join")(model, []))  # whole shapes when sharded
     found = per_model[(key, repr(said))] = read(trace, model, said)
     return found
 

@@ -10,7 +10,7 @@ from typing import Any
 from torch import Tensor
 
 from .. import capabilities
-from ..capture.seam import Part
+from ..capture.seam import Part, whole_call
 from ..errors import LookupFailed, TorchLensError
 from ..sites import Site, name_of, split_pass, transformer_name
 from ..units import format_shape
@@ -90,6 +90,7 @@ class Names(Part):
                 self.derived.setdefault(name_of(b.label), []).append(b)
         self.ops = set(self.derived)
         self.values: dict[str, Tensor] = {}
+        self.session: Any = None
 
     @classmethod
     def of(cls, *parts: Names | None) -> Names | None:
@@ -99,12 +100,14 @@ class Names(Part):
 
     def start(self, session: Any) -> None:
         self.values.clear()
+        self.session = session
 
     def op(self, out: Any, label: str, base: str, pass_num: int, frame: Any, func: str,
            args: tuple, kwargs: dict, index: int | None, inplace: bool) -> Any:
         for b in self.derived.get(base, ()):
             if split_pass(b.label)[1] in (None, pass_num):
-                self.values[b.name] = b.lens.read(out, args, kwargs).detach().clone()
+                call = whole_call(self.session, args, kwargs)  # (a sharded model's: whole)
+                self.values[b.name] = b.lens.read(out, *call).detach().clone()
         return out
 
     def finish(self, trace: Any, session: Any) -> None:

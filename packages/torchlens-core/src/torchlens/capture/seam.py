@@ -116,6 +116,9 @@ class Session:
         self.structure: Any = None  # the output's structure, once the forward returned
         self.capture_ns = 0  # how long the forward took, once it is over
         self.values: dict[str, Any] = {}  # a light capture's kept values, by label or address
+        # set by a part holding values in parts across processes (the sharded gather): the
+        # whole of a tensor an op was given, as the unsharded model would hold it
+        self.whole: Any = None
 
     def kept(self) -> dict[str, Any]:
         """What the capture kept for ``needs``: the call templates (``calls``), autocast
@@ -125,6 +128,15 @@ class Session:
         return {"calls": s.calls, "autocast": s.autocast, "orders": s.orders,
                 "decided": s.decided, "live": s.live, "versions": s.versions, "grads": s.grads,
                 "output": self.output}
+
+
+def whole_call(session: Session | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An op's arguments as the unsharded model would give them (``Session.whole``), for a
+    part that computes from them (a pattern from attention's q and k); else as they are."""
+    whole = session.whole if session is not None else None
+    if whole is None:
+        return args, kwargs
+    return tuple(whole(a) for a in args), {k: whole(v) for k, v in kwargs.items()}
 
 
 class Part:

@@ -19,7 +19,7 @@ from torch._C import DisableTorchFunction
 
 from ..capture.boundaries import leaves
 from ..capture.inventory import Inventory
-from ..capture.seam import Part
+from ..capture.seam import Part, whole_call
 from ..errors import (
     EditError,
     InputError,
@@ -44,6 +44,7 @@ class EditPlan(Part):
                                  teach=[surface_call(surface, "edits={'relu_3': "
                                                              "tl.edits.zero()}")])
         self.surface, self.allow_unfired = surface, allow_unfired
+        self._session: Any = None  # the capture in progress (``start``)
         self.model_class = type(model).__name__
         self.param_shapes = {name: list(p.shape) for name, p in inv.params}
         addresses = [address for address, _ in inv.modules]
@@ -127,8 +128,10 @@ class EditPlan(Part):
                 inputs = [a for a in args if isinstance(a, Tensor)]
                 where = Where(site.text, label, base, pass_num, frame[0], func, None, inputs,
                               site.lens.name if site.lens is not None else label)
+                derived = site.lens is not None and site.lens.derived
                 out = self._apply(edit, out, where, index, inplace, lens=site.lens,
-                                  call=(args, kwargs))
+                                  call=whole_call(self._session, args, kwargs) if derived
+                                  else (args, kwargs))
         return out
 
     def module(self, state: Any, address: str, pass_num: int, args: tuple, output: Any) -> Any:
@@ -257,6 +260,7 @@ class EditPlan(Part):
         of an edit (mid-forward, or a site that never fired) leaves them as they were."""
         self.fired.clear()
         self.norms.clear()
+        self._session = session
         self._refused = False
         self._undo = _state_now(self._held)
 

@@ -34,6 +34,7 @@ from torch._C import DisableTorchFunction
 from torch.nn import Parameter
 from torch.overrides import TorchFunctionMode
 
+from .. import capabilities
 from ..capture.boundaries import leaves
 from ..capture.naming import func_name
 from ..capture.seam import Part, Session
@@ -78,6 +79,7 @@ def sharding(model: Any) -> str | None:
     return "data" if meshes == {1} else "both"
 
 
+@capabilities.provide("sharded_join")
 def join(model: Any, parts: list, params: list | None = None, same_inputs: bool = True
          ) -> list:
     """The parts of a capture of ``model``: with the sharded gather around the surface's parts
@@ -130,6 +132,7 @@ class Sharded(Part):
                 teach=["tl.trace(model, x, save=[...])  # without compile=: whole values"])
         self._agree(session)
         self._fsdp_hooks()
+        session.whole = self.whole
 
     def lead(self, recorder: Any, session: Session) -> Any:
         return _Lead(self, recorder)
@@ -249,6 +252,19 @@ class Sharded(Part):
             if _is_dtensor(part):
                 self.state.register(part._local_tensor, made[0], made[1])
         return part
+
+    def whole(self, value: Any) -> Any:
+        """The whole of ``value``, a tensor an op was given mid-forward (a collective: the parts
+        that ask run on every rank, for the same ops in the same order)."""
+        from .layout import whole_of
+
+        if not isinstance(value, torch.Tensor):
+            return value
+        layout = None if _is_dtensor(value) else self.layout_of(value)
+        if not _is_dtensor(value) and not layout:
+            return value
+        with DisableTorchFunction():
+            return whole_of(value, layout)
 
     # -- layouts -------------------------------------------------------------------------------
     def layout_of(self, t: Any) -> Any:
