@@ -75,6 +75,35 @@ def test_a_value_nothing_else_can_reach_is_kept_without_a_copy(grad):
 
 
 @GRAD_MODES
+def test_an_output_only_the_trace_holds_is_kept_without_a_copy(grad):
+    """The forward's output (a language model's logits, often the largest tensor of all) is
+    kept by reference like a saved op's value; one the model still holds is copied."""
+    pointers = []
+
+    class Outputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.head = nn.Linear(4, 4), nn.Linear(4, 8)
+
+        def forward(self, x):
+            h = self.fc(x)
+            logits = self.head(h)
+            pointers.append(logits.data_ptr())
+            self.kept = h * 2  # the model holds this output after the forward
+            return {"logits": logits, "hidden": self.kept}
+
+    model = Outputs()
+    with torch.set_grad_enabled(grad):
+        trace = tl.trace(model, torch.rand(3, 4), save=["linear_1"])
+    assert trace["output_1"].out.data_ptr() == pointers[0]
+    before = trace["output_2"].out.clone()
+    with torch.no_grad():
+        model.kept.add_(100)
+    assert torch.equal(trace["output_2"].out, before)
+    assert torch.equal(trace.output["hidden"], before)
+
+
+@GRAD_MODES
 def test_an_op_that_returns_its_input_as_it_is_costs_no_copy(grad):
     """Eval-mode dropout and a same-dtype ``to`` return the very tensor they got: saved under
     each op, it is still the trace's alone (kept without a copy); one the model keeps is

@@ -113,14 +113,14 @@ def anchor(structure: Structure, name: str, model: nn.Module) -> Bound:
     """Where canonical ``name`` lives in ``structure``; refuses when the architecture has none."""
     top = {"hook_embed": structure.embed, "hook_pos_embed": structure.pos_embed,
            "ln_final.hook_normalized": structure.ln_final}
-    modules = dict(model.named_modules())
     if name in top:
         if top[name] is None:
             raise _missing(name, structure.missing.get(name, "not found in the graph"))
         if name == "hook_pos_embed":
             return Bound(name, top[name], Batched(structure.batch))
         if name == "ln_final.hook_normalized":
-            return Bound(name, top[name], norm_lens(modules[structure.ln_final_module]))
+            final = model.get_submodule(structure.ln_final_module)
+            return Bound(name, top[name], norm_lens(final))
         return Bound(name, top[name], Lens())
     _, layer_text, hook = name.split(".", 2)
     layer = int(layer_text)
@@ -140,7 +140,7 @@ def anchor(structure: Structure, name: str, model: nn.Module) -> Bound:
         if plain[hook] is None:
             raise _missing(name, block.missing.get(hook, "not found in the graph"))
         if hook.endswith("hook_normalized"):
-            lens = norm_lens(modules[block.norms[plain[hook]]])
+            lens = norm_lens(model.get_submodule(block.norms[plain[hook]]))
             if plain[hook] in block.shapes:
                 return Bound(name, plain[hook], Reshaped(block.shapes[plain[hook]], lens))
             return Bound(name, plain[hook], lens)
@@ -155,7 +155,6 @@ def anchor(structure: Structure, name: str, model: nn.Module) -> Bound:
 
 def _attention(name: str, hook: str, att: Any, structure: Structure, model: nn.Module
                ) -> tuple[str, Lens]:
-    modules = dict(model.named_modules())
     if hook in att.refused:
         raise _missing(name, att.refused[hook])
     if hook in ("attn.hook_q", "attn.hook_k", "attn.hook_v"):
@@ -181,13 +180,20 @@ def _attention(name: str, hook: str, att: Any, structure: Structure, model: nn.M
             return att.op, FlexScores() if hook.endswith("scores") else FlexPattern()
         return (att.scores if hook.endswith("scores") else att.op), Lens(head_axis=1)
     if hook == "attn.hook_result":
-        out = modules.get(att.out_proj) if att.out_proj else None
+        out = _submodule(model, att.out_proj) if att.out_proj else None
         if out is None or getattr(out, "weight", None) is None:
             raise _missing(name, "no output projection after the attention")
         # nn.Linear stores (out, in); a Conv1D (GPT-2) (in, out)
         transposed = not isinstance(out, nn.Linear)
         return att.z, Result(Transposed(), out.weight, transposed)
     raise _missing(name, "not a name of the vocabulary")
+
+
+def _submodule(model: nn.Module, address: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(address)
+    except AttributeError:
+        return None
 
 
 def _operand(name: str, att: Any, role: str) -> tuple[str, Lens]:

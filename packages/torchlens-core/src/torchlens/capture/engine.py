@@ -12,6 +12,7 @@ import functools
 import re
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from math import prod
 from typing import Any
@@ -403,7 +404,12 @@ def _output_node(state: CaptureState, value: Any, path: str, depth: int, counter
             state, "output", label, value,
             [producer] if producer is not None else [], path or "output"))
         if state.keep_outputs:
-            state.values[index] = snapshot(value)
+            if state.held is not None and type(value) is torch.Tensor and not value.is_meta:
+                # by reference, as a saved op's: copied when the capture ends only if the
+                # model (its state, a cache) still holds it
+                state.held.keep(index, value, weakref.ref(value), value._base is not None)
+            else:
+                state.values[index] = snapshot(value)
         return {"type": "tensor", "label": label}
     if depth < 8 and isinstance(value, Mapping):
         keys = [k if isinstance(k, _PLAIN) else str(k) for k in value]
