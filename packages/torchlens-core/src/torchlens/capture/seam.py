@@ -43,6 +43,11 @@ forward first, and hands the calls it does not keep to the recorder it was given
 (``recorder.record_ran``); the step follower is one. When its ``trace(session)`` returns a
 Trace, that is the capture's.
 
+A part that holds values in parts across processes (the sharded gather) sets
+``session.whole`` in ``start``: a part that computes from an op's arguments (a transformer
+name's pattern from attention's q and k) reads them through ``whole_call(session, args,
+kwargs)``, whole as the unsharded model would give them.
+
 A worked part, counting the ReLUs of a forward and leaving the count on the trace::
 
     class CountRelus(Part):
