@@ -387,6 +387,13 @@ def check_record(out: dict) -> None:
     out["fsdp"]["one_input"] = differ(rows(tl.record(fsdp, xs[:1], save=save,
                                                      to=folder / "fsdp1")),
                                       {k: v[:3] for k, v in mine.items()})
+    # each rank its own batches (a DistributedSampler: 3 each, index 0 again as padding)
+    loader = DataLoader(torch.stack(xs), sampler=DistributedSampler(torch.stack(xs),
+                                                                    shuffle=False))
+    sampled = tl.record(fsdp, loader, save=["relu_1"], to=folder / "fsdp_sampled")
+    got, want_rows = rows(sampled)["relu_1"].reshape(-1, 32), mine["relu_1"].reshape(-1, 32)
+    out["fsdp"]["sampler"] = [sampled.manifest["rows"], float(
+        torch.cdist(got, want_rows).min(dim=1).values.max())]
 
 
 def llama_pair() -> tuple[nn.Module, nn.Module]:

@@ -131,6 +131,7 @@ def test_record_writes_one_store_of_whole_rows(tmp_path):
         fsdp = rank["fsdp"]
         assert fsdp["differ"] == [] and fsdp["resume"] == [] and fsdp["one_input"] == []
         assert fsdp["rows"] == 15 and fsdp["ranks"] == [3, 2] and fsdp["complete"]
+        assert fsdp["sampler"][0] == 6 and fsdp["sampler"][1] < 1e-4  # every row an input's
     assert [rank["tp"]["resumed"][0] for rank in ranks] == [2, 2]  # the killed run kept 2
 
 

@@ -34,6 +34,9 @@ UNSUPPORTED_TEACH = ["tl.trace(model, x, save=[...])  # on every rank, an input 
                      "before parallelize_module / fully_shard"]
 
 
+_SPLIT = {"tensor": "by tensor", "data": "by data", "both": "by tensor and by data"}
+
+
 def how_split(model: nn.Module, *, compiling: bool, generate: bool, names: bool,
               presplit: bool) -> str | None:
     """How ``model``'s recording is shared (``"tensor"``, ``"data"`` or None for a model in
@@ -49,7 +52,7 @@ def how_split(model: nn.Module, *, compiling: bool, generate: bool, names: bool,
     if what is not None:
         raise InputError(
             f"tl.record of {type(model).__name__}, sharded across processes "
-            f"({'by tensor' if kind == 'tensor' else 'by data'}), does not support {what} "
+            f"({_SPLIT[kind]}), does not support {what} "
             "yet" + ("; a tensor-parallel forward needs the same inputs on every rank"
                      if presplit else ""),
             code="record_sharded_unsupported", teach=UNSUPPORTED_TEACH)

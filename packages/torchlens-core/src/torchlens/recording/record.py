@@ -192,7 +192,8 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
                                      batch_size, progress, options, first_inv, plan, gen, run,
                                      split)
         items, first = _peek(items)
-        if gen is None:  # a generation's labels are checked by its first step
+        if gen is None and split is None:  # a generation's labels are checked by its first
+            # step; a sharded model's by its first capture, on every rank before any row
             _check_labels(model, first, save, options, prompts, inv)
         return _record_to_store(model, items, total, prompts, save, reduce, dtype, batch_size,
                                 progress, options, Path(to), overwrite, shard_bytes, presplit,
