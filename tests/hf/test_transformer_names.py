@@ -440,3 +440,28 @@ def test_record_binds_names_in_edits():
     assert torch.equal(named["transformer.h.1"], by_label["transformer.h.1"])
     assert not torch.allclose(named["transformer.h.1"], plain["transformer.h.1"])
     assert named.provenance[0]["edits"][0]["site"] == "blocks.1.attn.hook_z"
+
+
+@pytest.mark.parametrize("how", ["trace", "pattern", "edit", "record"])
+def test_a_dropped_names_capture_leaves_no_reference_cycles(how):
+    """Names, derived patterns, name edits and recordings by name are freed as soon as they
+    are dropped (a cycle would keep the trace's values, a language model's logits among them,
+    until the collector runs)."""
+    import gc
+
+    model, ids = _gpt2()
+    calls = {"trace": lambda: tl.trace(model, ids, save=["blocks.*.hook_resid_post"]),
+             "pattern": lambda: tl.trace(model, ids, save=["blocks.0.attn.hook_pattern"]),
+             "edit": lambda: tl.trace(model, ids, save=None, edits={
+                 "blocks.0.attn.hook_pattern": tl.edits.zero(head=1)}),
+             "record": lambda: tl.record(model, ids, save=["blocks.*.hook_resid_post"])}
+    calls[how]()  # the structure is bound once per model and input signature
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        calls[how]()
+        assert gc.collect() == 0
+    finally:
+        if enabled:
+            gc.enable()

@@ -90,7 +90,7 @@ class Names(Part):
                 self.derived.setdefault(name_of(b.label), []).append(b)
         self.ops = set(self.derived)
         self.values: dict[str, Tensor] = {}
-        self.session: Any = None
+        self.whole: Any = None  # the capture's ``Session.whole`` (``start``)
 
     @classmethod
     def of(cls, *parts: Names | None) -> Names | None:
@@ -100,20 +100,20 @@ class Names(Part):
 
     def start(self, session: Any) -> None:
         self.values.clear()
-        self.session = session
+        self.whole = session.whole
 
     def op(self, out: Any, label: str, base: str, pass_num: int, frame: Any, func: str,
            args: tuple, kwargs: dict, index: int | None, inplace: bool) -> Any:
         for b in self.derived.get(base, ()):
             if split_pass(b.label)[1] in (None, pass_num):
-                call = whole_call(self.session, args, kwargs)  # (a sharded model's: whole)
+                call = whole_call(self.whole, args, kwargs)  # (a sharded model's: whole)
                 self.values[b.name] = b.lens.read(out, *call).detach().clone()
         return out
 
     def finish(self, trace: Any, session: Any) -> None:
         table = trace._objects.setdefault("names", {})
-        for b in self.bound:
-            table[b.name] = Named(b, trace, self.values.get(b.name))
+        for b in self.bound:  # what a Named is made of, not one: it holds the trace, and the
+            table[b.name] = (b, self.values.get(b.name))  # trace it would be a cycle
         trace.meta.setdefault("names", {}).update({b.name: b.label for b in self.bound})
 
 
@@ -124,14 +124,14 @@ def lookup(trace: Any, key: str) -> Named:
     table = trace._objects.setdefault("names", {})
     found = table.get(key)
     if found is not None:
-        return found
+        return Named(found[0], trace, found[1])
     canonical = transformer_name(key)
     if canonical is None:
         raise LookupFailed(f"{key!r} is no transformer name", code="key_not_found",
                            teach=["tl.transformer(trace).names"])
     found = table.get(canonical)
     if found is not None:
-        return found
+        return Named(found[0], trace, found[1])
     model = trace._objects.get("model")
     if model is None:
         raise LookupFailed(f"{key!r}: names are read from the model's structure, and this trace "
@@ -141,8 +141,8 @@ def lookup(trace: Any, key: str) -> Named:
     if len(bound) != 1:
         raise LookupFailed(f"{key!r} names {len(bound)} values; look one up at a time",
                            code="key_not_found", teach=[f"trace[{bound[0].name!r}]"])
-    named = table[canonical] = Named(bound[0], trace)
-    return named
+    table[canonical] = (bound[0], None)
+    return Named(bound[0], trace)
 
 
 @capabilities.provide("has_transformer_names")

@@ -46,7 +46,8 @@ Trace, that is the capture's.
 A part that holds values in parts across processes (the sharded gather) sets
 ``session.whole`` in ``start``: a part that computes from an op's arguments (a transformer
 name's pattern from attention's q and k) reads them through ``whole_call(session, args,
-kwargs)``, whole as the unsharded model would give them.
+kwargs)``, whole as the unsharded model would give them (keeping ``session.whole``, not the
+session: a part holding the session that holds the part would be a reference cycle).
 
 A worked part, counting the ReLUs of a forward and leaving the count on the trace::
 
@@ -135,10 +136,10 @@ class Session:
                 "output": self.output}
 
 
-def whole_call(session: Session | None, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """An op's arguments as the unsharded model would give them (``Session.whole``), for a
-    part that computes from them (a pattern from attention's q and k); else as they are."""
-    whole = session.whole if session is not None else None
+def whole_call(whole: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """An op's arguments as the unsharded model would give them (``whole``: the capture's
+    ``Session.whole``), for a part that computes from them (a pattern from attention's q and
+    k); else as they are."""
     if whole is None:
         return args, kwargs
     return tuple(whole(a) for a in args), {k: whole(v) for k, v in kwargs.items()}

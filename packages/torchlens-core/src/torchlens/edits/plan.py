@@ -44,7 +44,7 @@ class EditPlan(Part):
                                  teach=[surface_call(surface, "edits={'relu_3': "
                                                              "tl.edits.zero()}")])
         self.surface, self.allow_unfired = surface, allow_unfired
-        self._session: Any = None  # the capture in progress (``start``)
+        self._whole: Any = None  # the capture's ``Session.whole`` (``start``)
         self.model_class = type(model).__name__
         self.param_shapes = {name: list(p.shape) for name, p in inv.params}
         addresses = [address for address, _ in inv.modules]
@@ -130,7 +130,7 @@ class EditPlan(Part):
                               site.lens.name if site.lens is not None else label)
                 derived = site.lens is not None and site.lens.derived
                 out = self._apply(edit, out, where, index, inplace, lens=site.lens,
-                                  call=whole_call(self._session, args, kwargs) if derived
+                                  call=whole_call(self._whole, args, kwargs) if derived
                                   else (args, kwargs))
         return out
 
@@ -260,7 +260,7 @@ class EditPlan(Part):
         of an edit (mid-forward, or a site that never fired) leaves them as they were."""
         self.fired.clear()
         self.norms.clear()
-        self._session = session
+        self._whole = session.whole
         self._refused = False
         self._undo = _state_now(self._held)
 
