@@ -147,10 +147,12 @@ def _capture(request: CaptureRequest, parts: list) -> Trace:
     _active.depth = getattr(_active, "depth", 0) + 1
     t0 = time.perf_counter_ns()
     keep_out = request.keep_output or not needs.isdisjoint({"output", "live"})
+    aliases: list = []  # (output record, its op's record): one saved tensor, kept once
     try:
         with quiet_hooks(model, offloaded, state), eager(), mode:
             out = model(*args, **kwargs)
-        session.structure = _output_node(state, out, "", 0, [0])
+        session.structure = _output_node(state, out, "", 0,
+                                         [0, aliases if leader is None else None])
         if keep_out:
             session.output = out
         del out  # what the forward returned is copied; let its graph go before settling
@@ -182,6 +184,9 @@ def _capture(request: CaptureRequest, parts: list) -> Trace:
     if result is None:
         note_writes(state.writes)
         lost = _settle(state, inv, args, kwargs)
+        for index, producer in aliases:
+            if producer in state.values:
+                state.values[index] = state.values[producer]
         state.real.clear()  # what torch.vmap's ops made, held until now
         _check_selection(state.records, save_labels)
         result = _build(model, inv, state, calls, session.structure, session.capture_ns, save,
@@ -392,9 +397,11 @@ _PLAIN = (bool, int, float, str)
 
 
 def _output_node(state: CaptureState, value: Any, path: str, depth: int, counter: list) -> dict:
-    """The output structure's node for ``value``; a tensor gets an output record. (A module
-    function, not a closure calling itself: such a closure is a reference cycle that would keep
-    the capture's state alive until the collector runs.)"""
+    """The output structure's node for ``value``; a tensor gets an output record. ``counter``:
+    [outputs numbered so far, the (output, op) records whose op saved the very tensor, or None
+    when a leading part settles the values: then each output is copied]. (A module function,
+    not a closure calling itself: such a closure is a reference cycle that would keep the
+    capture's state alive until the collector runs.)"""
     if isinstance(value, torch.Tensor):
         counter[0] += 1
         label = f"output_{counter[0]}"
@@ -404,12 +411,14 @@ def _output_node(state: CaptureState, value: Any, path: str, depth: int, counter
             state, "output", label, value,
             [producer] if producer is not None else [], path or "output"))
         if state.keep_outputs:
-            if state.held is not None and type(value) is torch.Tensor and not value.is_meta:
-                # by reference, as a saved op's: copied when the capture ends only if the
+            if counter[1] is None or state.held is None or type(value) is not torch.Tensor \
+                    or value.is_meta:
+                state.values[index] = snapshot(value)
+            elif producer is not None and state.values.get(producer) is value:
+                counter[1].append((index, producer))  # its op's saved value, once settled
+            else:  # by reference, as a saved op's: copied when the capture ends only if the
                 # model (its state, a cache) still holds it
                 state.held.keep(index, value, weakref.ref(value), value._base is not None)
-            else:
-                state.values[index] = snapshot(value)
         return {"type": "tensor", "label": label}
     if depth < 8 and isinstance(value, Mapping):
         keys = [k if isinstance(k, _PLAIN) else str(k) for k in value]
