@@ -12,6 +12,8 @@ same rounds by ``_common.time_rounds`` (rotating order). Rows:
   the structure's metadata capture is kept per input signature);
 - the same with every block's attention pattern also saved (what reading patterns costs: each
   is recomputed from its fused attention call; unread, it costs nothing: nothing computes it);
+- ``tl.record(model, ids, save=[...])``: the same names' values alone, no graph (a light
+  capture: what ``run_with_cache``'s cache holds);
 - ``bridge(ids)`` and ``bridge.run_with_cache(ids, names_filter=...)`` for the same names.
 
 Target (issue 58): TorchLens's ratio to its plain forward is at most the bridge's ratio to its
@@ -70,6 +72,10 @@ def methods(model: Any, bridge: Any, ids: torch.Tensor) -> dict[str, Any]:
                 return tl.trace(model, ids, save=save)
         return run
 
+    def record() -> Any:
+        with torch.no_grad():
+            return tl.record(model, ids, save=[RESID])
+
     def bridge_plain() -> Any:
         with torch.no_grad():
             return bridge(ids)
@@ -81,6 +87,7 @@ def methods(model: Any, bridge: Any, ids: torch.Tensor) -> dict[str, Any]:
 
     return {"hf forward": plain, "tl.trace resid_post": names([RESID]),
             "tl.trace resid_post+patterns": names([RESID, "blocks.*.attn.hook_pattern"]),
+            "tl.record resid_post": record,
             "bridge forward": bridge_plain, "bridge run_with_cache resid_post": bridge_cache}
 
 
@@ -104,6 +111,7 @@ def main() -> None:
     ms = {k: s["median_ms"] for k, s in stats.items()}
     ours = ms["tl.trace resid_post"] / ms["hf forward"]
     patterns = ms["tl.trace resid_post+patterns"] / ms["hf forward"]
+    values = ms["tl.record resid_post"] / ms["hf forward"]
     theirs = ms["bridge run_with_cache resid_post"] / ms["bridge forward"]
     verdict = "PASS" if ours <= theirs else "MISS"
     lines = [
@@ -114,6 +122,8 @@ def main() -> None:
         "its forward",
         f"  + every block's hook_pattern read  {ms['tl.trace resid_post+patterns']:8.2f} ms = "
         f"{patterns:.3f}x (unread, a pattern is never computed)",
+        f"  tl.record(save='{RESID}') {ms['tl.record resid_post']:8.2f} ms = {values:.3f}x "
+        "(values alone, no graph)",
         f"  bridge forward (eager attention)   {ms['bridge forward']:8.2f} ms",
         f"  bridge.run_with_cache(resid_post)  {ms['bridge run_with_cache resid_post']:8.2f} ms"
         f" = {theirs:.3f}x its forward",
@@ -123,6 +133,7 @@ def main() -> None:
     save_results("names", {"machine": machine(), "runs": args.runs, "layers": args.layers,
                            "max_abs_diff": diff, "stats": stats,
                            "ratios": {"torchlens": ours, "torchlens_patterns": patterns,
+                                      "torchlens_record": values,
                                       "transformer_lens": theirs}}, lines)
 
 
