@@ -375,6 +375,10 @@ def check_record(out: dict) -> None:
     out["llama"] = differ(rows(tl.record(llama, ids, save=save, reduce="mean",
                                          to=folder / "llama")),
                           rows(tl.record(llama_ref, ids, save=save, reduce="mean")))
+    names = ["blocks.*.hook_resid_post", "blocks.1.attn.hook_pattern", "blocks.0.attn.hook_z"]
+    named = tl.record(llama, ids, save=names, to=folder / "named")
+    out["llama_names"] = [differ(rows(named), rows(tl.record(llama_ref, ids, save=names))),
+                          sorted(named.labels)]
     ref, fsdp = fsdp_pair()
     save = ["up", "relu_1", "output_1"]
     store = tl.record(fsdp, xs, save=save, to=folder / "fsdp")  # 3 inputs on rank 0, 2 on 1
@@ -387,6 +391,7 @@ def check_record(out: dict) -> None:
     out["fsdp"]["one_input"] = differ(rows(tl.record(fsdp, xs[:1], save=save,
                                                      to=folder / "fsdp1")),
                                       {k: v[:3] for k, v in mine.items()})
+    out["fsdp"]["names"] = refusal(lambda: tl.record(fsdp, xs, save=["blocks.0.hook_resid_post"]))
     # each rank its own batches (a DistributedSampler: 3 each, index 0 again as padding)
     loader = DataLoader(torch.stack(xs), sampler=DistributedSampler(torch.stack(xs),
                                                                     shuffle=False))

@@ -127,11 +127,15 @@ def test_record_writes_one_store_of_whole_rows(tmp_path):
         assert refusals["sampler"]["code"] == "record_sharded_unsupported"
         assert refusals["other_inputs"]["code"] == "sharded_ranks_disagree"
         assert refusals["other_store"]["code"] == "recording_mismatch"
-        assert rank["llama"] == []
+        assert rank["llama"] == [] and rank["llama_names"][0] == []  # names, tensor parallel
+        assert rank["llama_names"][1] == ["blocks.0.attn.hook_z", "blocks.0.hook_resid_post",
+                                          "blocks.1.attn.hook_pattern",
+                                          "blocks.1.hook_resid_post"]
         fsdp = rank["fsdp"]
         assert fsdp["differ"] == [] and fsdp["resume"] == [] and fsdp["one_input"] == []
         assert fsdp["rows"] == 15 and fsdp["ranks"] == [3, 2] and fsdp["complete"]
         assert fsdp["sampler"][0] == 6 and fsdp["sampler"][1] < 1e-4  # every row an input's
+        assert fsdp["names"]["code"] == "record_sharded_unsupported"  # bound per rank's input
     assert [rank["tp"]["resumed"][0] for rank in ranks] == [2, 2]  # the killed run kept 2
 
 

@@ -20,11 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..anatomy import bind_request
 from ..capture.engine import capture
+from ..capture.inventory import inventory
 from ..capture.seam import CaptureRequest
 from ..errors import InputError
 from ..sharded import join, sharding
-from ..sites import split_pass
+from ..sites import split_pass, transformer_name
 from .distributed import Ranks
 from .manifest import RecordingError
 
@@ -46,7 +48,8 @@ def how_split(model: nn.Module, *, compiling: bool, generate: bool, names: bool,
         return None
     what = ("FSDP2 over a mesh of several dimensions (tensor and data parallel together)"
             if kind == "both" else "compile=" if compiling else "generate=" if generate
-            else "transformer names in save= or edits=" if names else
+            else "transformer names in save= or edits= (split by data, each rank would bind "
+            "them to its own input)" if names and kind == "data" else
             "a DataLoader with a DistributedSampler (each rank its own batches)"
             if presplit and kind == "tensor" else None)
     if what is not None:
@@ -62,12 +65,19 @@ def how_split(model: nn.Module, *, compiling: bool, generate: bool, names: bool,
 def capture_whole(model: nn.Module, res: Any, save: list[str], keep: Any, plan: Any,
                   kind: str) -> dict[str, Any]:
     """One forward of a sharded model: the selected values whole, as ``keep`` makes them, under
-    the keys a light capture gives (``label``, ``address`` or ``address:pass``)."""
-    parts = join(model, [plan] if plan is not None else [], same_inputs=kind == "tensor")
+    the keys a light capture gives (``label``, ``address`` or ``address:pass``, a transformer
+    name), in the order the forward made them."""
+    inv = res.inventory or inventory(model)
+    anchored, _, names = bind_request(model, res.args, res.kwargs, inv, save, None)
+    parts = join(model, [p for p in (plan, names) if p is not None],
+                 same_inputs=kind == "tensor")
     with torch.no_grad():
-        trace = capture(CaptureRequest(model, res.args, res.kwargs, save=save,
+        trace = capture(CaptureRequest(model, res.args, res.kwargs, save=anchored,
                                        inventory=res.inventory), parts)
-    return site_values(trace, save, keep)
+    values = site_values(trace, [s for s in save if transformer_name(s) is None], keep)
+    for bound in names.bound if names is not None else ():
+        values[bound.name] = keep(bound.name, trace[bound.name].out)
+    return values
 
 
 def site_values(trace: Any, save: list[str], keep: Any) -> dict[str, Any]:
