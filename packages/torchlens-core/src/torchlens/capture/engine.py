@@ -155,7 +155,7 @@ def _capture(request: CaptureRequest, parts: list) -> Trace:
                                          [0, aliases if leader is None else None])
         if keep_out:
             session.output = out
-        del out  # what the forward returned is copied; let its graph go before settling
+        del out  # its tensors are kept (copied if others still reach them): let its graph go
     except BaseException as exc:
         _active.depth -= 1
         _close(handles, kept)
