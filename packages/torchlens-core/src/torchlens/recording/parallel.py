@@ -162,7 +162,8 @@ class Bystander:
 
 def on_rank_0(ranks: Ranks, open_writer: Any) -> Any:
     """Rank 0's ``open_writer()``, the others a ``Bystander`` that skips as many inputs; a
-    refusal on rank 0 (a store of another model, say) is raised on every rank."""
+    failure on rank 0 (a store of another model, a folder it cannot write) is raised on every
+    rank (the others as a ``RecordingError`` with its code), not left waiting."""
     import torch.distributed as dist
 
     writer, outcome = None, [None]
@@ -170,8 +171,9 @@ def on_rank_0(ranks: Ranks, open_writer: Any) -> Any:
         try:
             writer = open_writer()
             outcome = [("ok", writer.items_done)]
-        except RecordingError as exc:
-            outcome = [("refused", exc.code, str(exc), list(exc.teach or []))]
+        except Exception as exc:  # a refusal, or a folder it cannot write: the others wait
+            outcome = [("refused", getattr(exc, "code", "recording_invalid"), str(exc),
+                        list(getattr(exc, "teach", None) or []))]
             dist.broadcast_object_list(outcome, src=0)
             raise
     dist.broadcast_object_list(outcome, src=0)

@@ -224,15 +224,10 @@ class Sharded(Part):
         return whole
 
     def module(self, state: Any, address: str, pass_num: int, args: tuple, output: Any) -> Any:
-        from .layout import whole_of
-
-        if not isinstance(output, torch.Tensor):
+        gathered = self._gathered(output)
+        if gathered is None:
             return output
-        layout = None if _is_dtensor(output) else self.layout_of(output)
-        if not _is_dtensor(output) and not layout:
-            return output
-        with DisableTorchFunction():
-            whole = whole_of(output, layout)
+        whole, layout = gathered
         self.pending[(address, pass_num)] = (output, layout, state.made_by(output))
         return whole
 
@@ -256,15 +251,21 @@ class Sharded(Part):
     def whole(self, value: Any) -> Any:
         """The whole of ``value``, a tensor an op was given mid-forward (a collective: the parts
         that ask run on every rank, for the same ops in the same order)."""
+        gathered = self._gathered(value)
+        return value if gathered is None else gathered[0]
+
+    def _gathered(self, value: Any) -> tuple[Any, Any] | None:
+        """(the whole of ``value``, its layout) for a DTensor or a followed local part; None for
+        anything else, which is whole already."""
         from .layout import whole_of
 
         if not isinstance(value, torch.Tensor):
-            return value
+            return None
         layout = None if _is_dtensor(value) else self.layout_of(value)
         if not _is_dtensor(value) and not layout:
-            return value
+            return None
         with DisableTorchFunction():
-            return whole_of(value, layout)
+            return whole_of(value, layout), layout
 
     # -- layouts -------------------------------------------------------------------------------
     def layout_of(self, t: Any) -> Any:
