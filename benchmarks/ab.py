@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -41,6 +42,14 @@ def load_base(rev: str, folder: Path) -> Any:
                        capture_output=True)
     sys.path.insert(0, str(folder / "pkgs"))
     return importlib.import_module("torchlens_a")
+
+
+def interval(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of the per-round ratios (rounds resampled)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
+                     for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws)]
 
 
 def rows(tl: Any, name: str, model: Any, x: Any, edit_sites: dict) -> dict[str, Any]:
@@ -84,7 +93,7 @@ def main() -> None:
     torch.set_num_threads(1)
     lines = [f"A = {args.base}, B = the working tree, in one process; {args.runs} rounds, every "
              "row of both in each; ratios to the plain forward (medians), B / A the median of "
-             "the per-round ratios (target: within 3%)"]
+             "the per-round ratios, with its 95% interval (target: within 3%)"]
     with tempfile.TemporaryDirectory() as tmp:
         tl_a = load_base(args.base, Path(tmp))
         for name in args.models.split(","):
@@ -117,11 +126,12 @@ def main() -> None:
             for row in a:
                 ra = statistics.median(samples[f"A {row}"]) / base
                 rb = statistics.median(samples[f"B {row}"]) / base
-                paired = statistics.median(q / p for p, q in zip(samples[f"A {row}"],
-                                                                 samples[f"B {row}"]))
+                ratios = [q / p for p, q in zip(samples[f"A {row}"], samples[f"B {row}"])]
+                paired = statistics.median(ratios)
+                low, high = interval(ratios)
                 verdict = "PASS" if paired <= 1.03 else "MISS"
                 lines.append(f"  {row:32s} A {ra:6.3f}x  B {rb:6.3f}x  B/A {paired:.3f} "
-                             f"({verdict})")
+                             f"[{low:.3f}, {high:.3f}] ({verdict})")
             print("\n".join(lines[-len(a):]), flush=True)
             del model, x, methods, samples
     print("\n".join(lines))

@@ -442,6 +442,61 @@ def test_record_binds_names_in_edits():
     assert named.provenance[0]["edits"][0]["site"] == "blocks.1.attn.hook_z"
 
 
+def test_a_recording_of_module_outputs_runs_no_per_op_mode():
+    """Names whose anchor is a module's whole output (each block's hook_resid_post, an attention
+    module's hook_attn_out, the final norm's output) are kept from that module's frame: no torch
+    function mode runs in the forward, and the values are the trace's. A name inside a module
+    (hook_z) still counts the ops."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    model, ids = _gpt2()
+    save = ["blocks.*.hook_resid_post", "blocks.0.hook_attn_out", "ln_final.hook_normalized"]
+    want = tl.trace(model, ids, save=save)  # binds the names to this input signature
+    modes = []
+    handle = model.transformer.h[1].register_forward_pre_hook(
+        lambda module, args: modes.append(len(_get_current_function_mode_stack())))
+    try:
+        rec = tl.record(model, ids, save=save)
+        tl.record(model, ids, save=["blocks.1.attn.hook_z"])
+    finally:
+        handle.remove()
+    assert modes == [0, 1]
+    assert rec.labels == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post",
+                          "blocks.0.hook_attn_out", "ln_final.hook_normalized"]
+    for name in rec.labels:
+        assert torch.equal(rec[name][0], want[name].out[0])
+
+
+def test_a_block_returning_another_tensor_too_records_its_stream():
+    """A block whose output holds a tensor no op made (a parameter) besides its stream: the
+    recording reads the stream out of the module's output, by the anchor's shape."""
+    from .test_flex_attention_names import Block, Model
+
+    class Paired(Block):
+        def forward(self, x):
+            return super().forward(x), self.ln1.weight
+
+    class PairedModel(Model):
+        def forward(self, ids):
+            x = self.embed(ids)
+            for block in self.layers:
+                x = block(x)[0]
+            return self.unembed(self.ln_final(x))
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Model(flex=False).eval()
+    model.__class__ = PairedModel
+    for layer in model.layers:
+        layer.__class__ = Paired
+    ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(3))
+    want = tl.trace(model, ids, save=["blocks.*.hook_resid_post"])
+    rec = tl.record(model, ids, save=["blocks.*.hook_resid_post"])
+    for layer in range(len(model.layers)):
+        name = f"blocks.{layer}.hook_resid_post"
+        assert torch.equal(rec[name][0], want[name].out[0])
+
+
 @pytest.mark.parametrize("how", ["trace", "pattern", "edit", "record"])
 def test_a_dropped_names_capture_leaves_no_reference_cycles(how):
     """Names, derived patterns, name edits and recordings by name are freed as soon as they

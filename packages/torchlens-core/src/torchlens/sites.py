@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -170,12 +171,14 @@ def expand_globs(texts: list[str], addresses: Iterable[str]) -> list[str]:
     known = [a for a in addresses if a]
     out: dict[str, None] = {}
     for text in texts:
-        matched = [a for a in known if _glob(text).fullmatch(a)] if _GLOB.search(text) else []
+        regex = _glob(text) if _GLOB.search(text) else None
+        matched = [a for a in known if regex.fullmatch(a)] if regex is not None else []
         for name in matched or [text]:
             out[name] = None
     return list(out)
 
 
+@functools.lru_cache(maxsize=256)
 def _glob(text: str) -> re.Pattern:
     """A module-address glob as a regex: ``*`` within one part, ``**`` across parts."""
     parts = re.split(r"(\*\*|\*|\?)", text)

@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_map
 from .. import capabilities
 from ..capture.entry import pinned_capture
 from ..errors import InputError, SiteUnknown
-from ..plugins import hook
+from ..plugins import get_plugin_manager, hook
 from ..sites import Site, match_names, parse_site, transformer_name, transformer_names
 from .lens import (
     Batched,
@@ -42,16 +42,22 @@ from .structure import Structure, read
 
 # model -> {signature: its probe's Trace, (signature, hints): the Structure read from it}
 _cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_hints: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (plugins, hints)
 
 
 def hints(model: nn.Module) -> dict[str, list[Any]]:
     """What plugins know of the model's anatomy (``torchlens_transformer_hints``): each key's
-    values, one a plugin (the graph checks every one)."""
+    values, one a plugin (the graph checks every one). Asked again when the plugins change."""
+    plugins = frozenset(map(id, get_plugin_manager().get_plugins()))
+    kept = _hints.get(model)
+    if kept is not None and kept[0] == plugins:
+        return kept[1]
     merged: dict[str, list[Any]] = {}
     for found in hook().torchlens_transformer_hints(model=model) or ():
         for key, value in (found or {}).items():
             if value is not None:
                 merged.setdefault(key, []).append(value)
+    _hints[model] = (plugins, merged)
     return merged
 
 

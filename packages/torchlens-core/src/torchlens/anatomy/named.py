@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .. import capabilities
 from ..capture.seam import Part, whole_call
-from ..errors import LookupFailed, TorchLensError
+from ..errors import CaptureError, LookupFailed, TorchLensError
 from ..sites import Site, name_of, split_pass, transformer_name
 from ..units import format_shape
 from .bind import Bound, as_sites, expand, names_in, probe, structure_of
@@ -221,7 +221,11 @@ class NameTaps:
                       for b in expand(text, structure, model)]
         self.part = Names(self.bound)
         self.plain = [text for text in save if text not in names]
-        self.anchors = {b.label for b in self.bound if not b.lens.derived} - set(self.plain)
+        # an anchor that is a module's whole output is kept from that module's frame: with no
+        # op label to count, the capture runs no per-op mode (a block's hook_resid_post)
+        self.sites = {b.label: structure.outputs.get(b.label, (b.label, None))
+                      for b in self.bound if not b.lens.derived}
+        self.anchors = {site for site, _ in self.sites.values()} - set(self.plain)
         self.save = self.plain + sorted(self.anchors)
 
     def keep(self, keeper: Any) -> Any:
@@ -240,9 +244,25 @@ class NameTaps:
             if b.lens.derived:
                 value = self.part.values.get(b.name)
             else:
-                value = by_name.get(b.label)
-                value = b.lens.read(value[0] if isinstance(value, tuple) else value) \
-                    if value is not None else None
+                site, shape = self.sites[b.label]
+                value = by_name.get(site)
+                value = b.lens.read(_anchor_value(value, shape)) if value is not None else None
             if value is not None:
                 out[b.name] = keeper(b.name, value)
         return out
+
+
+def _anchor_value(value: Any, shape: list | None) -> Tensor:
+    """The anchor's tensor among what was kept: an op's first output, or the one tensor of a
+    module's output of the anchor's shape (a module may return a tensor no op made as well)."""
+    if isinstance(value, tuple):
+        return value[0]
+    if isinstance(value, list):  # a module's output of several tensors
+        found = [t for t in value if isinstance(t, Tensor) and list(t.shape) == shape]
+        if len(found) != 1:
+            raise CaptureError(
+                f"a module's output holds {len(found)} tensors of its anchor's shape {shape}",
+                code="site_not_in_architecture",
+                teach=["tl.trace(model, x, save=[...])  # the full capture reads the op itself"])
+        return found[0]
+    return value

@@ -97,6 +97,9 @@ class Structure:
     unembed: str | None = None  # the module whose output is the logits
     batch: int = 1  # rows of the stream
     missing: dict[str, str] = field(default_factory=dict)
+    # op label -> (address, shape) of a module called once whose output is that op's alone: a
+    # light capture keeps it from the module's frame, with no per-op mode
+    outputs: dict[str, tuple[str, list]] = field(default_factory=dict)
 
 
 def block_list(model: nn.Module) -> tuple[str, list[str]] | None:
@@ -140,6 +143,12 @@ def read(trace: Any, model: nn.Module, hints: dict[str, list[Any]] | None = None
         blocks.append(_block(layer, child, module.calls[0], graph, types, model, hints or {}))
     structure = Structure(address, blocks, batch=trace[blocks[0].resid_pre].shape[0])
     _ends(structure, graph, types, trace, hints or {})
+    for name, module in trace.modules.items():
+        calls = module.calls
+        if name and len(calls) == 1 and len(calls[0].output_ops) == 1 and \
+                calls[0].positions == [0]:
+            label = calls[0].output_ops[0]
+            structure.outputs.setdefault(label, (name, graph.ops[label].shape))
     return structure
 
 

@@ -56,8 +56,9 @@ def sharded_model(model: Any, params: list | None = None) -> bool:
     """Whether ``model`` holds a DTensor parameter (tensor parallel, or FSDP2's shards);
     ``params``: its ``(name, parameter)`` list when the caller has it (no walk of the model)."""
     dtensor = sys.modules.get("torch.distributed.tensor")
-    if dtensor is None:
-        return False
+    dist = torch.distributed
+    if dtensor is None or not (dist.is_available() and dist.is_initialized()):
+        return False  # no process group, so no mesh and no DTensor
     kind = dtensor.DTensor
     if params is not None:
         return any(type(p) is not Parameter and isinstance(p, kind) for _, p in params)
