@@ -52,6 +52,25 @@ def interval(ratios: list[float], draws: int = 2000) -> tuple[float, float]:
     return medians[int(0.025 * draws)], medians[int(0.975 * draws)]
 
 
+def edits_for(name: str, model: Any, x: Any, tl: Any) -> dict[str, Any]:
+    """The module and op edit rows' sites and edits of one model (none for tinyops)."""
+    import torch
+
+    torch.manual_seed(1)
+    if name == "resnet18":
+        steer = torch.randn(28)
+        return {"module": ("layer2.0", lambda tl, v=steer: tl.edits.add(v)),
+                "op": ("layer1.0.relu:2", lambda tl: tl.edits.zero(index=(slice(None), 5)))}
+    if name == "gpt2":
+        steer = torch.randn(768)
+        with torch.no_grad():
+            add = next(op.label for op in tl.trace(model, x, save=None)
+                       if op.func == "add" and op.module == "transformer.h.6")
+        return {"module": ("transformer.h.6", lambda tl, v=steer: tl.edits.add(v)),
+                "op": (add, lambda tl: tl.edits.zero(index=(slice(None), 4)))}
+    return {}
+
+
 def rows(tl: Any, name: str, model: Any, x: Any, edit_sites: dict) -> dict[str, Any]:
     """The timed calls of one side on one model."""
     import torch
@@ -98,21 +117,7 @@ def main() -> None:
         tl_a = load_base(args.base, Path(tmp))
         for name in args.models.split(","):
             model, x = build_model(name)
-            torch.manual_seed(1)
-            edit_sites = {}
-            if name == "resnet18":
-                steer = torch.randn(28)
-                edit_sites = {"module": ("layer2.0", lambda tl, v=steer: tl.edits.add(v)),
-                              "op": ("layer1.0.relu:2",
-                                     lambda tl: tl.edits.zero(index=(slice(None), 5)))}
-            elif name == "gpt2":
-                steer = torch.randn(768)
-                with torch.no_grad():
-                    add = next(op.label for op in tl_b.trace(model, x, save=None)
-                               if op.func == "add" and op.module == "transformer.h.6")
-                edit_sites = {"module": ("transformer.h.6",
-                                         lambda tl, v=steer: tl.edits.add(v)),
-                              "op": (add, lambda tl: tl.edits.zero(index=(slice(None), 4)))}
+            edit_sites = edits_for(name, model, x, tl_b)
 
             def plain(model: Any = model, x: Any = x) -> Any:
                 with torch.no_grad():

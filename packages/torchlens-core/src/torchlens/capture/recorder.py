@@ -66,6 +66,15 @@ _SCALARS = frozenset({int, float, bool, type(None), str, slice, type(Ellipsis), 
 class CaptureState:
     """Everything one capture accumulates; the Trace is built from it afterwards."""
 
+    # slots: the recorder reads these between every two ops, and an instance of more than 30
+    # attributes in a plain ``__dict__`` loses CPython's fast attribute reads
+    __slots__ = ("advisories", "autocast", "buffer_ids", "calls", "data_aliases", "decided",
+                 "failure", "frames", "grads", "guard", "held", "keep", "keep_outputs",
+                 "labelled", "light", "live", "model", "name_counts", "orders", "output_objects",
+                 "param_ids", "real", "records", "save_all", "save_labels", "seam", "shapes",
+                 "sites", "suspended", "tensors", "transformed", "values", "versions", "writes",
+                 "__weakref__")
+
     def __init__(self, param_ids: dict[int, str], buffer_ids: dict[int, str], save_all: bool,
                  save_labels: set[str]):
         self.records: list[dict[str, Any]] = []
@@ -503,7 +512,13 @@ class Recorder(TorchFunctionMode):
                         main = out_tensors[0]
                         if len(out_tensors) == 1:
                             out_tensors = None
-        if out_tensors is None and not main.is_nested:  # ``costs``, inline for one output
+        shape = None
+        if out_tensors is None:
+            try:
+                shape = main.shape
+            except RuntimeError:  # a strided nested tensor has no sizes: ``costs`` counts it
+                pass
+        if shape is not None:  # ``costs``, inline for one output
             out_shapes = nbytes = flops = None
             if name in FORMULAS:
                 weight = WEIGHT_ARG.get(name)
@@ -512,7 +527,6 @@ class Recorder(TorchFunctionMode):
                 if flops is None:
                     flops = ([a.shape if isinstance(a, Tensor) else a for a in args],
                              shapes(kwargs) if kwargs else kwargs)
-            shape = main.shape
             shape = s.shapes.setdefault(shape, shape)
         else:
             shape, out_shapes, nbytes, flops = self.costs(name, args, kwargs, main, out_tensors)

@@ -81,7 +81,10 @@ class Step:
 
 def _ints(values: list[int]) -> array:
     """4-byte ints where every one fits (times of ops under 2.1 s), else 8-byte ones."""
-    return array("i" if all(-2 ** 31 <= v < 2 ** 31 for v in values) else "q", values)
+    try:
+        return array("i", values)
+    except OverflowError:
+        return array("q", values)
 
 
 def pack(costs: dict[int, tuple]) -> tuple[array | None, dict[int, tuple] | None]:

@@ -1,0 +1,122 @@
+"""``bench:ab``'s rows counted in CPU instructions instead of timed: what a refactor adds to
+the work of a capture, free of the host's noise.
+
+    hatch run bench:ab-count --base e083b49
+
+A shared host moves a forward by about 6% from one call to the next, so timed A/B rows of
+40 rounds carry intervals of about ±5%. Valgrind's callgrind counts the instructions each
+call executes, the same from one run to the next within 0.1%. Each side (A: the revision's
+``torchlens`` copied as ``torchlens_a``; B: the working tree) runs in its own process under
+``valgrind --tool=callgrind --instr-atstart=no``; the process turns counting on
+(``callgrind_control -i on``) only around the counted calls of a row, after one warm call,
+and dumps the row's total. Rows are reported as instructions per call over the plain call's,
+and B / A. Instructions are not time (memory stalls are not counted), so this completes the
+timed A/B rather than replacing it. Needs ``valgrind`` on the PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(__file__))
+from ab import edits_for, load_base, rows  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def child(side: str, models: list[str], calls: int, out: Path) -> None:
+    """Inside valgrind: count every row of one side, one dump per row."""
+    os.environ["TORCHLENS_DISABLE_PLUGINS"] = "1"
+    import torch
+    from _common import build_model, call
+
+    tl: Any = __import__("torchlens_a" if side == "A" else "torchlens")
+    torch.set_num_threads(1)
+    pid = str(os.getpid())
+
+    def control(*command: str) -> None:
+        subprocess.run(["callgrind_control", *command, pid], check=True, capture_output=True)
+
+    names: list[str] = []
+    for name in models:
+        model, x = build_model(name)
+
+        def plain(model: Any = model, x: Any = x) -> Any:
+            with torch.no_grad():
+                return call(model, x)
+
+        for row, fn in {f"{name} plain": plain,
+                        **rows(tl, name, model, x, edits_for(name, model, x, tl))}.items():
+            fn()  # warm: first-call costs (imports, caches) are not the row's
+            control("-z")
+            control("-i", "on")
+            for _ in range(calls):
+                fn()
+            control("-i", "off")
+            control(f"--dump=row{len(names)}")
+            names.append(row)
+    out.write_text(json.dumps(names))
+
+
+def count(side: str, args: argparse.Namespace, tmp: Path, pkgs: Path) -> dict[str, float]:
+    """Run one side under callgrind; instructions per call of each row."""
+    names = tmp / f"{side}.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(pkgs), os.environ.get("PYTHONPATH", "")]))
+    subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                    f"--callgrind-out-file={tmp}/cg.{side}.%p", sys.executable, __file__,
+                    "--child", side, "--models", args.models, "--calls", str(args.calls),
+                    "--out", str(names)], check=True, env=env, capture_output=True)
+    totals = {}
+    for path in tmp.glob(f"cg.{side}.*.*"):
+        text = path.read_text(errors="replace")
+        trigger = re.search(r"^desc: Trigger: dump row(\d+)", text, re.M)
+        total = re.search(r"^totals: (\d+)", text, re.M)
+        if trigger and total:
+            totals[int(trigger.group(1))] = int(total.group(1)) / args.calls
+    return {row: totals[i] for i, row in enumerate(json.loads(names.read_text()))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", help="the git revision A")
+    parser.add_argument("--models", default="tinyops,resnet18,gpt2")
+    parser.add_argument("--calls", type=int, default=2, help="counted calls of each row")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.models.split(","), args.calls, Path(args.out))
+        return
+    if not args.base:
+        parser.error("--base is required")
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        load_base(args.base, tmp)  # copies A's package to tmp/pkgs/torchlens_a
+        a, b = count("A", args, tmp, tmp / "pkgs"), count("B", args, tmp, tmp / "pkgs")
+    lines = [f"A = {args.base}, B = the working tree; CPU instructions per call under "
+             f"callgrind ({args.calls} counted calls a row, one thread), as ratios to the "
+             "plain call's, and B / A (target: within 3%)"]
+    for model in args.models.split(","):
+        plain_a, plain_b = a[f"{model} plain"], b[f"{model} plain"]
+        for row in a:
+            if not row.startswith(f"{model} ") or row.endswith(" plain"):
+                continue
+            ratio = b[row] / a[row]
+            verdict = "PASS" if ratio <= 1.03 else "MISS"
+            lines.append(f"  {row:32s} A {a[row] / plain_a:6.3f}x  B {b[row] / plain_b:6.3f}x"
+                         f"  B/A {ratio:.3f} ({verdict})  {b[row] / 1e6:8.1f}M instructions")
+    print("\n".join(lines))
+    (RESULTS / "ab_count.txt").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
