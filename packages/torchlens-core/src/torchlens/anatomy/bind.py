@@ -48,7 +48,7 @@ _hints: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (plu
 def hints(model: nn.Module) -> dict[str, list[Any]]:
     """What plugins know of the model's anatomy (``torchlens_transformer_hints``): each key's
     values, one a plugin (the graph checks every one). Asked again when the plugins change."""
-    plugins = frozenset(map(id, get_plugin_manager().get_plugins()))
+    plugins = frozenset(get_plugin_manager().get_plugins())  # held: no id reused meanwhile
     kept = _hints.get(model)
     if kept is not None and kept[0] == plugins:
         return kept[1]

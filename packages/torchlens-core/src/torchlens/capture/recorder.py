@@ -72,8 +72,7 @@ class CaptureState:
                  "failure", "frames", "grads", "guard", "held", "keep", "keep_outputs",
                  "labelled", "light", "live", "model", "name_counts", "orders", "output_objects",
                  "param_ids", "real", "records", "save_all", "save_labels", "seam", "shapes",
-                 "sites", "suspended", "tensors", "transformed", "values", "versions", "writes",
-                 "__weakref__")
+                 "sites", "suspended", "tensors", "transformed", "values", "versions", "writes")
 
     def __init__(self, param_ids: dict[int, str], buffer_ids: dict[int, str], save_all: bool,
                  save_labels: set[str]):
