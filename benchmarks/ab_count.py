@@ -19,16 +19,14 @@ billions of instructions under callgrind, about 4 minutes a row and side here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _counting import count_rows, counted  # noqa: E402
 from ab import edits_for, load_base, rows  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -42,12 +40,6 @@ def child(side: str, models: list[str], calls: int, out: Path) -> None:
 
     tl: Any = __import__("torchlens_a" if side == "A" else "torchlens")
     torch.set_num_threads(1)
-    pid = str(os.getpid())
-
-    def control(*command: str) -> None:
-        subprocess.run(["callgrind_control", *command, pid], check=True, capture_output=True)
-
-    names: list[str] = []
     for name in models:
         model, x = build_model(name)
 
@@ -55,36 +47,16 @@ def child(side: str, models: list[str], calls: int, out: Path) -> None:
             with torch.no_grad():
                 return call(model, x)
 
-        for row, fn in {f"{name} plain": plain,
-                        **rows(tl, name, model, x, edits_for(name, model, x, tl))}.items():
-            fn()  # warm: first-call costs (imports, caches) are not the row's
-            control("-z")
-            control("-i", "on")
-            for _ in range(calls):
-                fn()
-            control("-i", "off")
-            control(f"--dump=row{len(names)}")
-            names.append(row)
-    out.write_text(json.dumps(names))
+        count_rows({f"{name} plain": plain,
+                    **rows(tl, name, model, x, edits_for(name, model, x, tl))}, calls, out)
 
 
 def count(side: str, args: argparse.Namespace, tmp: Path, pkgs: Path) -> dict[str, float]:
     """Run one side under callgrind; instructions per call of each row."""
-    names = tmp / f"{side}.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(pkgs), os.environ.get("PYTHONPATH", "")]))
-    subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
-                    f"--callgrind-out-file={tmp}/cg.{side}.%p", sys.executable, __file__,
-                    "--child", side, "--models", args.models, "--calls", str(args.calls),
-                    "--out", str(names)], check=True, env=env, capture_output=True)
-    totals = {}
-    for path in tmp.glob(f"cg.{side}.*.*"):
-        text = path.read_text(errors="replace")
-        trigger = re.search(r"^desc: Trigger: dump row(\d+)", text, re.M)
-        total = re.search(r"^totals: (\d+)", text, re.M)
-        if trigger and total:
-            totals[int(trigger.group(1))] = int(total.group(1)) / args.calls
-    return {row: totals[i] for i, row in enumerate(json.loads(names.read_text()))}
+    return counted(__file__, ["--child", side, "--models", args.models, "--calls",
+                              str(args.calls)], tmp, side, args.calls, env)
 
 
 def main() -> None:
@@ -93,10 +65,10 @@ def main() -> None:
     parser.add_argument("--models", default="tinyops")
     parser.add_argument("--calls", type=int, default=2, help="counted calls of each row")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.models.split(","), args.calls, Path(args.out))
+        child(args.child, args.models.split(","), args.calls, Path(args.child_out))
         return
     if not args.base:
         parser.error("--base is required")

@@ -5,8 +5,8 @@ on the same GPT-2 weights, in one run.
 Run ``hatch run bench:names`` (``--runs 60``, ``--layers 12``). GPT-2 from ``GPT2Config()``
 (12 layers, 768 wide; ``--layers`` fewer), random weights saved to a temporary folder and
 booted offline by ``TransformerBridge.boot_transformers`` (raw HF weights, eager attention, as
-the bridge runs), input 1x64 ids, ``torch.no_grad()``, one thread; every method timed in the
-same rounds by ``_common.time_rounds`` (rotating order). Rows:
+the bridge runs), input 1x64 ids (``--tokens``), ``torch.no_grad()``, one thread; every method
+timed in the same rounds by ``_common.time_rounds`` (rotating order). Rows:
 
 - the plain HF forward, and ``tl.trace`` of the residual stream names (after the first call:
   the structure's metadata capture is kept per input signature);
@@ -16,6 +16,11 @@ same rounds by ``_common.time_rounds`` (rotating order). Rows:
   capture: what ``run_with_cache``'s cache holds; each block's stream is its module's output,
   so no per-op mode runs);
 - ``bridge(ids)`` and ``bridge.run_with_cache(ids, names_filter=...)`` for the same names.
+
+``--count`` counts the four rows of the target in CPU instructions under callgrind instead
+(``_counting``; one counted call a row after a warm one; 1x8 ids, ``--tokens``, as emulating
+a forward of 64 takes minutes): the work each adds over its own forward, deterministic where
+the timed ratios are within the host's noise.
 
 Target (issue 58): TorchLens's ratio to its plain forward is at most the bridge's ratio to its
 own forward, for the same thing: the named values (``tl.record``). ``tl.trace`` also records
@@ -33,19 +38,21 @@ import random
 import statistics
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import machine, save_results, summarize, time_rounds  # noqa: E402
+from _counting import count_rows, counted  # noqa: E402
 
 import torchlens as tl  # noqa: E402
 
 RESID = "blocks.*.hook_resid_post"
 
 
-def build(layers: int, folder: str) -> tuple[Any, Any, torch.Tensor]:
+def build(layers: int, folder: str, tokens: int = 64) -> tuple[Any, Any, torch.Tensor]:
     """The HF GPT-2, the bridge booted from its saved copy, and the ids."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -63,7 +70,7 @@ def build(layers: int, folder: str) -> tuple[Any, Any, torch.Tensor]:
     tok.save_pretrained(folder)
     bridge = TransformerBridge.boot_transformers(folder, device="cpu")
     bridge.eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, 64),
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens),
                         generator=torch.Generator().manual_seed(1))
     return model, bridge, ids
 
@@ -106,15 +113,59 @@ def interval(num: list[float], den: list[float], draws: int = 2000) -> tuple[flo
     return ratios[int(0.025 * draws)], ratios[int(0.975 * draws)]
 
 
+def count(args: argparse.Namespace) -> None:
+    """The target's rows in CPU instructions: each over its own forward, in one run."""
+    with tempfile.TemporaryDirectory() as folder:
+        n = counted(__file__, ["--layers", str(args.layers), "--calls", str(args.calls),
+                               "--tokens", str(args.tokens), "--child"], Path(folder), "names",
+                    args.calls)
+    ours = n["tl.record resid_post"] / n["hf forward"]
+    theirs = n["bridge run_with_cache resid_post"] / n["bridge forward"]
+    added = {"torchlens": n["tl.record resid_post"] - n["hf forward"],
+             "transformer_lens": n["bridge run_with_cache resid_post"] - n["bridge forward"]}
+    verdict = "PASS" if ours <= theirs else "MISS"
+    lines = [
+        f"GPT-2 {args.layers} layers, 1x{args.tokens} ids; CPU instructions per call under "
+        f"callgrind ({args.calls} counted after a warm one)",
+        f"  hf forward                          {n['hf forward'] / 1e6:10.1f}M",
+        f"  tl.record(save='{RESID}')  {n['tl.record resid_post'] / 1e6:10.1f}M = "
+        f"{ours:.4f}x (+{added['torchlens'] / 1e6:.2f}M)",
+        f"  bridge forward (eager attention)    {n['bridge forward'] / 1e6:10.1f}M",
+        f"  bridge.run_with_cache(resid_post)   "
+        f"{n['bridge run_with_cache resid_post'] / 1e6:10.1f}M = {theirs:.4f}x "
+        f"(+{added['transformer_lens'] / 1e6:.2f}M)",
+        f"  target: the values' ratio <= TransformerLens's: {ours:.4f} vs {theirs:.4f} {verdict}",
+    ]
+    print("\n".join(lines), flush=True)
+    save_results("names_count", {"machine": machine(), "layers": args.layers,
+                                 "tokens": args.tokens,
+                                 "calls": args.calls, "instructions": n, "added": added,
+                                 "ratios": {"torchlens_record": ours,
+                                            "transformer_lens": theirs}}, lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--count", action="store_true",
+                        help="count the target's rows in CPU instructions (callgrind)")
+    parser.add_argument("--calls", type=int, default=1, help="counted calls a row (--count)")
+    parser.add_argument("--tokens", type=int, help="input length (64; 8 with --count)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    args.tokens = args.tokens or (8 if args.count else 64)
+    if args.count and not args.child:
+        return count(args)
     with tempfile.TemporaryDirectory() as folder:
-        model, bridge, ids = build(args.layers, folder)
+        model, bridge, ids = build(args.layers, folder, args.tokens)
         timed = methods(model, bridge, ids)
+        if args.child:  # inside callgrind: the target's rows
+            return count_rows({k: timed[k] for k in (
+                "hf forward", "tl.record resid_post", "bridge forward",
+                "bridge run_with_cache resid_post")}, args.calls, Path(args.child_out))
         # the same values: TorchLens's names against the bridge's cache
         _, cache = bridge.run_with_cache(ids)
         trace, rec = timed["tl.trace resid_post"](), timed["tl.record resid_post"]()
@@ -139,8 +190,8 @@ def main() -> None:
         return f"[{bounds[0]:.3f}, {bounds[1]:.3f}]"
 
     lines = [
-        f"GPT-2 {args.layers} layers, 1x64 ids, {args.runs} calls each; medians, 95% intervals; "
-        f"values equal to the bridge's cache within {diff:.1e}",
+        f"GPT-2 {args.layers} layers, 1x{args.tokens} ids, {args.runs} calls each; medians, "
+        f"95% intervals; values equal to the bridge's cache within {diff:.1e}",
         f"  hf forward                          {ms['hf forward']:8.2f} ms",
         f"  tl.record(save='{RESID}')  {ms['tl.record resid_post']:8.2f} ms = {ours:.3f}x "
         f"{ci(ours_ci)} (the values by name)",

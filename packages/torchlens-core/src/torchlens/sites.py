@@ -68,29 +68,34 @@ def call_key(address: str, pass_num: int) -> str:
 
 def parse_site(text: str, addresses: Iterable[str]) -> list[Site]:
     """The sites one string names: one, or one per module a glob matches. Raises
-    ``SiteUnknown`` for a string that cannot name anything in a model with ``addresses``."""
+    ``SiteUnknown`` for a string that cannot name anything in a model with ``addresses``.
+    (Kept per string and address list: a surface parses the same ``save=`` on every call.)"""
+    return list(_parse(text, addresses if type(addresses) is tuple else tuple(addresses)))
+
+
+@functools.lru_cache(maxsize=512)
+def _parse(text: str, addresses: tuple[str, ...]) -> tuple[Site, ...]:
     known = [a for a in addresses if a]
     known_set = set(known)
     if _GLOB.search(text):
-        pattern = _glob(text)
-        matched = [a for a in known if pattern.fullmatch(a)]
+        matched = _matches(text, addresses)
         if not matched:
             named = transformer_name(text)
             if named is not None:
-                return [Site(text, "name", named)]
+                return (Site(text, "name", named),)
             raise SiteUnknown(text, _close(text.replace("*", "0"), known))
-        return [Site(text, "module", a) for a in matched]
+        return tuple(Site(text, "module", a) for a in matched)
     if text in known_set:
-        return [Site(text, "module", text)]
+        return (Site(text, "module", text),)
     named = transformer_name(text)
     if named is not None:
-        return [Site(text, "name", named)]
+        return (Site(text, "name", named),)
     address, pass_num = split_pass(text)
     if address in known_set and pass_num is not None and pass_num >= 1:
-        return [Site(text, "module", address, pass_num)]
+        return (Site(text, "module", address, pass_num),)
     label = LABEL.fullmatch(text)
     if label is not None and (label["pass"] is None or int(label["pass"]) >= 1):
-        return [Site(text, "op", label["base"], int(label["pass"]) if label["pass"] else None)]
+        return (Site(text, "op", label["base"], int(label["pass"]) if label["pass"] else None),)
     raise SiteUnknown(text, _close(text, known))
 
 
@@ -156,26 +161,34 @@ def transformer_names(layers: int) -> list[str]:
             MODEL_HOOKS[2]]
 
 
-def match_names(pattern: str, names: Iterable[str]) -> list[str]:
-    """The names a canonical name or name glob matches (``*`` within one part)."""
+@functools.lru_cache(maxsize=256)
+def match_names(pattern: str, layers: int) -> tuple[str, ...]:
+    """The names of a ``layers``-block model that a canonical name or name glob matches (``*``
+    within one part), in forward order."""
+    names = transformer_names(layers)
     if not _GLOB.search(pattern):
-        return [n for n in names if n == pattern]
+        return tuple(n for n in names if n == pattern)
     regex = re.compile("".join("[^.]*" if p == "*" else re.escape(p)
                                for p in re.split(r"(\*)", pattern)))
-    return [n for n in names if regex.fullmatch(n)]
+    return tuple(n for n in names if regex.fullmatch(n))
 
 
 def expand_globs(texts: list[str], addresses: Iterable[str]) -> list[str]:
     """``texts`` with each glob replaced by the module addresses it matches (in model order);
     other strings as they are. A glob that matches nothing stays, for the caller to refuse."""
-    known = [a for a in addresses if a]
+    known = addresses if type(addresses) is tuple else tuple(addresses)
     out: dict[str, None] = {}
     for text in texts:
-        regex = _glob(text) if _GLOB.search(text) else None
-        matched = [a for a in known if regex.fullmatch(a)] if regex is not None else []
-        for name in matched or [text]:
+        for name in (_matches(text, known) if _GLOB.search(text) else ()) or [text]:
             out[name] = None
     return list(out)
+
+
+@functools.lru_cache(maxsize=512)
+def _matches(glob: str, addresses: tuple[str, ...]) -> tuple[str, ...]:
+    """The addresses a module-address glob matches, in model order."""
+    pattern = _glob(glob)
+    return tuple(a for a in addresses if a and pattern.fullmatch(a))
 
 
 @functools.lru_cache(maxsize=256)

@@ -235,7 +235,7 @@ def _summary_grads(model: nn.Module, input: Any, input_kwargs: dict | None, inpu
     import torch
 
     inv = checked_inventory(model, "summary")
-    addresses = [address for address, _ in inv.modules if address]
+    addresses = list(inv.addresses)
     with pinned(model, "summary", grad=True, inv=inv), torch.enable_grad():
         result = trace(model, input, input_kwargs=input_kwargs, input_shape=input_shape,
                        save=None, save_grads=addresses, **options)

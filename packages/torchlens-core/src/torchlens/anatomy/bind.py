@@ -22,7 +22,7 @@ from .. import capabilities
 from ..capture.entry import pinned_capture
 from ..errors import InputError, SiteUnknown
 from ..plugins import get_plugin_manager, hook
-from ..sites import Site, match_names, parse_site, transformer_name, transformer_names
+from ..sites import Site, match_names, parse_site, transformer_name
 from .lens import (
     Batched,
     FlexInput,
@@ -48,6 +48,11 @@ _hints: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (plu
 def hints(model: nn.Module) -> dict[str, list[Any]]:
     """What plugins know of the model's anatomy (``torchlens_transformer_hints``): each key's
     values, one a plugin (the graph checks every one). Asked again when the plugins change."""
+    return _hints_of(model)[0]
+
+
+def _hints_of(model: nn.Module) -> tuple[dict[str, list[Any]], str]:
+    """``hints(model)`` and its repr (what a kept structure is keyed by)."""
     plugins = frozenset(get_plugin_manager().get_plugins())  # held: no id reused meanwhile
     kept = _hints.get(model)
     if kept is not None and kept[0] == plugins:
@@ -57,8 +62,8 @@ def hints(model: nn.Module) -> dict[str, list[Any]]:
         for key, value in (found or {}).items():
             if value is not None:
                 merged.setdefault(key, []).append(value)
-    _hints[model] = (plugins, merged)
-    return merged
+    _hints[model] = (plugins, (merged, repr(merged)))
+    return merged, repr(merged)
 
 
 def structure_of(model: nn.Module, trace: Any) -> Structure:
@@ -80,8 +85,8 @@ def probe(model: nn.Module, args: tuple, kwargs: dict, inv: Any = None) -> Struc
     were."""
     per_model = _cache.setdefault(model, {})
     key = _signature(args, kwargs)
-    said = hints(model)
-    found = per_model.get((key, repr(said)))  # read again when a plugin's hints change
+    said, said_text = _hints_of(model)
+    found = per_model.get((key, said_text))  # read again when a plugin's hints change
     if found is not None:
         return found
     trace = per_model.get(key)
@@ -92,7 +97,7 @@ def probe(model: nn.Module, args: tuple, kwargs: dict, inv: Any = None) -> Struc
         trace = per_model[key] = pinned_capture(
             model, args, kwargs, save=None, surface="transformer names", inv=inv,
             parts=capabilities.lookup("sharded_join")(model, []))  # whole shapes when sharded
-    found = per_model[(key, repr(said))] = read(trace, model, said)
+    found = per_model[(key, said_text)] = read(trace, model, said)
     return found
 
 
@@ -224,8 +229,7 @@ def expand(text: str, structure: Structure, model: nn.Module) -> list[Bound]:
     """The bound names one site string spells: one, or every name a glob matches that the
     architecture has (a glob matching none refuses)."""
     canonical = transformer_name(text)
-    names = transformer_names(len(structure.blocks))
-    matched = match_names(canonical, names)
+    matched = match_names(canonical, len(structure.blocks))
     if not matched:
         raise InputError(f"{text!r} matches no transformer name of a {len(structure.blocks)}-"
                          "block model", code="site_not_in_architecture",

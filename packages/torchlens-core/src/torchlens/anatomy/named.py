@@ -4,6 +4,7 @@ values a name derives from its anchor call (attention scores and patterns of a f
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -148,7 +149,7 @@ def lookup(trace: Any, key: str) -> Named:
 @capabilities.provide("has_transformer_names")
 def has_names(save: Any, edits: Any, inv: Any) -> bool:
     """Whether ``save=`` or ``edits=`` names a transformer name (checked without a forward)."""
-    addresses = [address for address, _ in inv.modules if address]
+    addresses = inv.addresses
     return bool(names_in(save, addresses) or (
         isinstance(edits, Mapping) and names_in(list(edits), addresses)))
 
@@ -160,7 +161,7 @@ def bind_request(model: Any, args: tuple, kwargs: dict, inv: Any, save: Any,
     each name replaced by its anchor op, ``{edit site text: sites}`` for the edit plan, the
     part that puts the names on the trace), or ``(save, {}, None)`` when neither names one.
     The structure comes from one metadata-only capture of these inputs (kept)."""
-    addresses = [address for address, _ in inv.modules if address]
+    addresses = inv.addresses
     saved = names_in(save, addresses)
     edited = names_in(list(edits), addresses) if isinstance(edits, Mapping) else []
     if not saved and not edited:
@@ -189,7 +190,7 @@ def bind_request(model: Any, args: tuple, kwargs: dict, inv: Any, save: Any,
 def expand_names(model: Any, args: tuple, kwargs: dict, inv: Any, texts: list[str]) -> list[str]:
     """``texts`` with each transformer name or name glob replaced by the canonical names it
     spells that the architecture has (other sites as they are)."""
-    addresses = [address for address, _ in inv.modules if address]
+    addresses = inv.addresses
     names = set(names_in(texts, addresses))
     if not names:
         return list(texts)
@@ -214,7 +215,7 @@ class NameTaps:
     values, under the name."""
 
     def __init__(self, model: Any, args: tuple, kwargs: dict, inv: Any, save: list[str]):
-        addresses = [address for address, _ in inv.modules if address]
+        addresses = inv.addresses
         names = set(names_in(save, addresses))
         structure = probe(model, args, kwargs, inv)
         self.bound = [b for text in save if text in names
@@ -237,18 +238,26 @@ class NameTaps:
         return keep
 
     def values(self, raw: dict[str, Any], keeper: Any) -> dict[str, Any]:
-        """The kept values with each name's value in place of its raw anchor."""
+        """The kept values with each name's value in place of its raw anchor. A value that is
+        already the capture's own copy (a derived one, or the whole of an anchor no other name
+        reads) is handed to ``keeper`` as ``owned``: not copied again."""
         out = {k: v for k, v in raw.items() if name_of(k) not in self.anchors}
         by_name = {name_of(k): v for k, v in raw.items()}
+        readers = Counter(self.sites[b.label][0] for b in self.bound if not b.lens.derived)
         for b in self.bound:
             if b.lens.derived:
                 value = self.part.values.get(b.name)
+                owned = True
             else:
                 site, shape = self.sites[b.label]
-                value = by_name.get(site)
-                value = b.lens.read(_anchor_value(value, shape)) if value is not None else None
+                kept = by_name.get(site)
+                if kept is None:
+                    continue
+                value = b.lens.read(_anchor_value(kept, shape))
+                owned = isinstance(kept, Tensor) and readers[site] == 1 and \
+                    value.data_ptr() == kept.data_ptr() and value.numel() == kept.numel()
             if value is not None:
-                out[b.name] = keeper(b.name, value)
+                out[b.name] = keeper(b.name, value, owned=owned)
         return out
 
 

@@ -82,7 +82,7 @@ def parse_save(save: Any, model: nn.Module, inv: Inventory | None = None,
             teach=[surface_call(surface, "save='all'"),
                    surface_call(surface, "save=['conv2d_1', 'fc']")],
         )
-    addresses = [name for name, _ in (inv or inventory(model)).modules if name]
+    addresses = (inv or inventory(model)).addresses
     labels, modules = set(), set()
     for text in save:
         sites = resolve_site(text, addresses, option="save=", model_class=type(model).__name__,

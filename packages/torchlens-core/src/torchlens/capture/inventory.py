@@ -8,6 +8,7 @@ match torch's own functions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from torch import Tensor, nn
 from torch.jit import ScriptModule
@@ -29,6 +30,11 @@ class Inventory:
     hooked: list[nn.Module] = field(default_factory=list)  # modules with an accelerate hook
     scripted: list[str] = field(default_factory=list)  # outermost TorchScript modules
 
+    @cached_property
+    def addresses(self) -> tuple[str, ...]:
+        """Every submodule's address (the root's empty one left out): what sites parse against."""
+        return tuple(address for address, _ in self.modules if address)
+
     def pending_lazy(self) -> dict[str, str]:
         """Names of un-materialized lazy parameters and buffers (name -> 'parameter'/'buffer')."""
         return dict(self.lazy)
@@ -39,14 +45,16 @@ def module_paths(model: nn.Module) -> list[tuple[str, nn.Module]]:
     each of its addresses, in torch's order, without one generator per module."""
     out: list[tuple[str, nn.Module]] = []
     stack: list[tuple[str, nn.Module]] = [("", model)]
+    pop, push, add = stack.pop, stack.append, out.append
     while stack:
-        prefix, module = stack.pop()
-        out.append((prefix, module))
-        children = module._modules
+        item = pop()
+        add(item)
+        children = item[1]._modules
         if children:
-            dot = prefix + "." if prefix else ""
-            stack.extend(reversed([(dot + key, child) for key, child in children.items()
-                                   if child is not None]))
+            dot = item[0] + "." if item[0] else ""
+            for key, child in reversed(children.items()):
+                if child is not None:
+                    push((dot + key, child))
     return out
 
 

@@ -47,7 +47,7 @@ class EditPlan(Part):
         self._whole: Any = None  # the capture's ``Session.whole`` (``start``)
         self.model_class = type(model).__name__
         self.param_shapes = {name: list(p.shape) for name, p in inv.params}
-        addresses = [address for address, _ in inv.modules]
+        addresses = inv.addresses
         self.entries: list[tuple[Site, Edit]] = []
         for text, value in edits.items():
             if not isinstance(text, str):

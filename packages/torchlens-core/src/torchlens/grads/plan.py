@@ -58,7 +58,7 @@ def plan_grads(save_grads: Any, grad_edits: Any, inv: Any, model: torch.nn.Modul
                                 teach=["model.to_empty(device='cpu'); "
                                        "model.load_state_dict(weights)  "
                                        "# then tl.trace(model, x, save_grads=...)"])
-    addresses = [address for address, _ in inv.modules if address]
+    addresses = inv.addresses
     name = type(model).__name__
     every = save_grads == "all"
     texts = [] if every or save_grads is None else (

@@ -242,7 +242,7 @@ def _rows(model: nn.Module, inv: Any, texts: Any, call: SweepCall) -> list[str]:
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         raise InputTypeError(f"sites= takes site strings, not {texts!r}", code="option_invalid",
                              teach=[call.text(sites="['transformer.h.*']")])
-    addresses = [address for address, _ in inv.modules]
+    addresses = inv.addresses
     rows: dict[str, None] = {}
     for text in texts:
         for site in resolve(text, addresses, option="sites=", model_class=type(model).__name__,

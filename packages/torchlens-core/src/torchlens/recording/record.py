@@ -163,7 +163,7 @@ def record(model: nn.Module, inputs: Any, /, *, save: list[str],
     split = parallel.how_split(model, compiling=compiling is not None,
                                generate=generate is not None,
                                names=has_names(list(save), edits, inv), presplit=presplit)
-    save = expand_globs(list(save), [address for address, _ in inv.modules])
+    save = expand_globs(list(save), inv.addresses)
     parse_save([s for s in save if not has_names([s], None, inv)], model, inv,
                "record")  # modules now
     named_edits = generate is None and has_names(None, edits, inv)
@@ -219,7 +219,7 @@ def _peek(items: Iterable) -> tuple[Iterable, Any]:
 def _check_labels(model: nn.Module, first: Any, save: list[str], options: dict,
                   prompts: bool, inv: Inventory) -> None:
     """The dry_run check: op labels the forward does not make refuse before any recording."""
-    modules = {name for name, _ in inv.modules if name}
+    modules = set(inv.addresses)
     save = [s for s in save if not has_names([s], None, inv)]  # names bind at the capture
     if all(s in modules for s in save):
         return

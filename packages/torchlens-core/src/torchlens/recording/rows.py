@@ -94,7 +94,9 @@ class Keeper:
             return self.reduce.get(entry_of(key, self.save))
         return self.reduce
 
-    def __call__(self, key: str, value: Any) -> Any:
+    def __call__(self, key: str, value: Any, owned: bool = False) -> Any:
+        """``value`` as a row keeps it; ``owned``: the capture's own copy, which the row may
+        hold as it is (a view of the forward's tensor is copied)."""
         if not isinstance(value, torch.Tensor):
             # several outputs: a copy of each, as for one (the store refuses them by name)
             return snapshot(value)
@@ -109,7 +111,7 @@ class Keeper:
             out = out.flatten(0, 1) if self.unpadded else out[self.keep]
         if self.dtype is not None:
             out = out.to(self.dtype)
-        if out.data_ptr() == value.data_ptr():
+        if out.data_ptr() == value.data_ptr() and not (owned and out.numel() == value.numel()):
             out = out.clone()
         return Rows(out, lengths) if self.as_rows else out
 
