@@ -4,16 +4,12 @@ the work of a capture, free of the host's noise.
     hatch run bench:ab-count --base e083b49     # --models tinyops (the default), --calls 2
 
 A shared host moves a forward by about 6% from one call to the next, so timed A/B rows of
-40 rounds carry intervals of about ±5%. Valgrind's callgrind counts the instructions each
-call executes, moving by about half a percent from one run to the next. Each side (A: the
-revision's ``torchlens`` copied as ``torchlens_a``; B: the working tree) runs in its own
-process under ``valgrind --tool=callgrind --instr-atstart=no``; the process turns counting on
-(``callgrind_control -i on``) only around the counted calls of a row, after one warm call,
-and dumps the row's total. Rows are reported as instructions per call over the plain call's,
-and B / A. Instructions are not time (memory stalls are not counted), so this completes the
-timed A/B rather than replacing it. Needs ``valgrind`` on the PATH. tinyops is the default: its
-rows are the capture's own work (dispatch-bound); a row of resnet18 or GPT-2 runs its kernels'
-billions of instructions under callgrind, about 4 minutes a row and side here.
+40 rounds carry intervals of about ±5%; a count (``_counting``) moves by about half a percent
+from one run to the next. Each side (A: the revision's ``torchlens`` copied as
+``torchlens_a``; B: the working tree) runs in its own process under callgrind. Rows are
+reported as instructions per call over the plain call's, and B / A. tinyops is the default:
+its rows are the capture's own work (dispatch-bound); a row of resnet18 or GPT-2 runs its
+kernels' billions of instructions under callgrind, about 4 minutes a row and side here.
 """
 
 from __future__ import annotations

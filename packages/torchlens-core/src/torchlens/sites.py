@@ -191,7 +191,6 @@ def _matches(glob: str, addresses: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(a for a in addresses if a and pattern.fullmatch(a))
 
 
-@functools.lru_cache(maxsize=256)
 def _glob(text: str) -> re.Pattern:
     """A module-address glob as a regex: ``*`` within one part, ``**`` across parts."""
     parts = re.split(r"(\*\*|\*|\?)", text)
