@@ -3,7 +3,7 @@
 (B), timed call against call.
 
     hatch run bench:ab --base e083b49            # the A/B
-    hatch run bench:ab --base HEAD               # A/A on a clean tree: what the host alone gives
+    hatch run bench:ab --base HEAD --save ab_aa.txt   # A/A on a clean tree: the host alone
 
 Revision A's ``torchlens`` package is copied from a temporary worktree under another name
 (``torchlens_a``: its imports are relative), so both import side by side in one process. On a
@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None,
                         help=f"rounds per process (default by model: {ROUNDS})")
     parser.add_argument("--models", default="tinyops,resnet18,gpt2")
+    parser.add_argument("--save", default="ab.txt", help="the file under results/ to write")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--pkgs", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
@@ -214,7 +215,7 @@ def main() -> None:
             print("\n".join(block), flush=True)
             lines += block
     print("\n".join(head + lines))
-    (Path(__file__).parent / "results" / "ab.txt").write_text("\n".join(head + lines) + "\n")
+    (Path(__file__).parent / "results" / args.save).write_text("\n".join(head + lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -485,7 +485,7 @@ class Recorder(TorchFunctionMode):
 
         if len(parents) == 1:
             parents = parents[0]
-        if parents == [] and not s.transformed and is_wrapped(main):
+        elif not parents and not s.transformed and is_wrapped(main):
             s.transformed = True  # an op without inputs can be the first inside a transform
         inplace = main is first and first._version != version_before
         if s.transformed:  # inside a functorch transform (``torch.vmap``), or just out of one
