@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _counting import count_rows, counted  # noqa: E402
-from ab import edits_for, load_base, rows  # noqa: E402
+from ab import copy_base, edits_for, rows  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -70,8 +70,8 @@ def main() -> None:
         parser.error("--base is required")
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        load_base(args.base, tmp)  # copies A's package to tmp/pkgs/torchlens_a
-        a, b = count("A", args, tmp, tmp / "pkgs"), count("B", args, tmp, tmp / "pkgs")
+        pkgs = copy_base(args.base, tmp)  # A's package, as pkgs/torchlens_a
+        a, b = count("A", args, tmp, pkgs), count("B", args, tmp, pkgs)
     lines = [f"A = {args.base}, B = the working tree; CPU instructions per call under "
              f"callgrind ({args.calls} counted calls a row, one thread), as ratios to the "
              "plain call's, and B / A (target: within 3%)"]
