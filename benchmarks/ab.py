@@ -131,7 +131,8 @@ def child(args: argparse.Namespace) -> None:
     a, b = rows(tl_a, args.models, model, x, edit_sites), rows(tl_b, args.models, model, x,
                                                                 edit_sites)
     for fn in (plain, *a.values(), *b.values()):  # warm: first calls fill caches
-        fn(), fn()
+        for _ in range(2):
+            fn()
     names = list(a)
     samples: dict[str, Any] = {"plain": [], **{row: [] for row in names}}
 
