@@ -5,12 +5,12 @@ the work of a capture, free of the host's noise.
 
 A shared host moves a forward by 6% to 30% from one call to the next, so the timed A/B needs
 four processes and half an hour for intervals of about ±1-2%; a count (``_counting``) moves by
-about half a percent from one run to the next, from one process a side. Each side (A: the revision's
-``torchlens`` copied as ``torchlens_a``; B: the working tree) runs in its own process under
-callgrind. Rows are
-reported as instructions per call over the plain call's, and B / A. tinyops is the default:
-its rows are the capture's own work (dispatch-bound); a row of resnet18 or GPT-2 runs its
-kernels' billions of instructions under callgrind, about 4 minutes a row and side here.
+about half a percent from one run to the next, from one process a side. Each side (A: the
+revision's ``torchlens`` copied as ``torchlens_a``; B: the working tree) runs in its own process
+under callgrind. Rows are reported as instructions per call over the plain call's, and B / A.
+tinyops is the default: its rows are the capture's own work (dispatch-bound); a row of resnet18
+or GPT-2 runs its kernels' billions of instructions under callgrind, about 4 minutes a row and
+side here.
 """
 
 from __future__ import annotations
